@@ -1,0 +1,104 @@
+// The optimizer interface every store uses: per-key state, the view an update sees, the
+// concept a registered optimizer type meets, and the type-erased updater a store holds.
+#pragma once
+
+#include <kvstore/fwd.hpp>
+
+#include <array>
+#include <concepts>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvstore::optim {
+
+/// Most state slots any optimizer keeps per element (adam: mean and variance).
+inline constexpr int max_slots = 2;
+
+/// Per-key optimizer state, created lazily on a key's first update: the number of updates applied
+/// so far and `num_slots` arrays of the key's size (momentum, moments, sums of squares...).
+template <class T>
+struct state {
+  std::uint64_t step = 0;
+  std::vector<std::vector<T>> slots;
+};
+
+/// What one update call sees: the slots restricted to the elements being updated (the whole key,
+/// one slice of it on a server, or some rows), and the step number of this update (1 for the
+/// first update of the key).
+template <class T>
+struct slots_view {
+  std::array<std::span<T>, max_slots> slot{};
+  std::uint64_t step = 1;
+};
+
+/// A registered optimizer type: an aggregate of parameters with
+///   static constexpr std::string_view name;    // unique, what travels to servers
+///   static constexpr int num_slots;            // 0..max_slots
+///   template <class T> void update(std::span<const T> grad, std::span<T> weight,
+///                                  const slots_view<T>& s) const;
+///   template <class Ar> void serialize(Ar& ar, unsigned version);  // its parameters
+template <class O>
+concept registered_optimizer = requires(const O& o, std::span<const float> g, std::span<float> w,
+                                        const slots_view<float>& s) {
+  { O::name } -> std::convertible_to<std::string_view>;
+  { O::num_slots } -> std::convertible_to<int>;
+  o.update(g, w, s);
+};
+
+/// A user callable: (key, grad, weight), local mode only.
+template <class F, class T>
+concept callable_optimizer = std::invocable<F&, const key&, std::span<const T>, std::span<T>>;
+
+/// The type-erased optimizer a store holds. `name`/`params` identify a registered optimizer and
+/// its serialized parameters (empty name for a plain callable, which cannot leave the process).
+template <class T>
+struct updater {
+  using fn_type = std::function<void(const key&, std::span<const T> grad, std::span<T> weight,
+                                     const slots_view<T>& s)>;
+  std::string name;
+  std::string params;
+  int num_slots = 0;
+  fn_type fn;
+
+  explicit operator bool() const noexcept { return static_cast<bool>(fn); }
+
+  /// Applies one update of the whole key (grad and weight the same size) with its state, which is
+  /// sized on first use. Increments the step count.
+  void apply(const key& k, std::span<const T> grad, std::span<T> weight, state<T>& st) const {
+    ensure_state(st, weight.size());
+    ++st.step;
+    fn(k, grad, weight, view(st, 0, weight.size()));
+  }
+
+  /// Sizes the state for a key of n elements (no-op once sized).
+  void ensure_state(state<T>& st, std::size_t n) const {
+    if (st.slots.size() != static_cast<std::size_t>(num_slots)) {
+      st.slots.assign(static_cast<std::size_t>(num_slots), std::vector<T>(n, T{}));
+    }
+  }
+
+  /// The slots of elements [offset, offset + n), at the current step.
+  static slots_view<T> view(state<T>& st, std::size_t offset, std::size_t n) {
+    slots_view<T> v;
+    v.step = st.step;
+    for (std::size_t i = 0; i < st.slots.size() && i < max_slots; ++i)
+      v.slot[i] = std::span<T>(st.slots[i]).subspan(offset, n);
+    return v;
+  }
+};
+
+/// Wraps a user callable (local mode).
+template <class T, class F>
+  requires callable_optimizer<F, T>
+updater<T> from_callable(F f) {
+  updater<T> u;
+  u.fn = [f = std::move(f)](const key& k, std::span<const T> g, std::span<T> w,
+                            const slots_view<T>&) mutable { f(k, g, w); };
+  return u;
+}
+
+}  // namespace kvstore::optim

@@ -1,0 +1,115 @@
+#include <kvstore/engine/engine.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+using kvstore::detail::engine;
+using kvstore::detail::op_state;
+
+TEST_CASE("ops on one key run in issue order, never at the same time" * doctest::timeout(30)) {
+  engine e(4);
+  std::vector<int> order;
+  std::atomic<int> running{0};
+  bool overlap = false;
+  auto st = std::make_shared<op_state>(200);
+  for (int i = 0; i < 200; ++i) {
+    e.submit_sync(7, i % 5, [&, i] {
+      if (running.fetch_add(1) != 0) overlap = true;
+      order.push_back(i);
+      running.fetch_sub(1);
+    }, st);
+  }
+  kvstore::op(st).wait();
+  CHECK_FALSE(overlap);
+  REQUIRE(order.size() == 200);
+  for (int i = 0; i < 200; ++i) CHECK(order[i] == i);
+}
+
+TEST_CASE("higher priority runs first, ties in issue order" * doctest::timeout(30)) {
+  engine e(1);
+  std::vector<int> order;
+  std::mutex m;
+  // Block the single thread so the others queue up.
+  std::promise<void> gate;
+  auto gf = gate.get_future().share();
+  auto st = std::make_shared<op_state>(7);
+  e.submit_sync(1000, 0, [gf] { gf.wait(); }, st);
+  const int prio[] = {0, 5, 1, 5, 9, 1};
+  for (int i = 0; i < 6; ++i)
+    e.submit_sync(static_cast<std::uint64_t>(i), prio[i], [&, i] {
+      std::lock_guard lk(m);
+      order.push_back(i);
+    }, st);
+  gate.set_value();
+  kvstore::op(st).wait();
+  CHECK(order == std::vector<int>{4, 1, 3, 2, 5, 0});
+}
+
+TEST_CASE("exceptions reach op::wait, later ops still run" * doctest::timeout(30)) {
+  engine e(2);
+  auto bad = std::make_shared<op_state>(1);
+  e.submit_sync(1, 0, [] { throw kvstore::error(kvstore::errc::invalid_argument, "boom"); }, bad);
+  auto good = std::make_shared<op_state>(1);
+  int x = 0;
+  e.submit_sync(1, 0, [&] { x = 42; }, good);
+  CHECK_THROWS_WITH_AS(kvstore::op(bad).wait(), "boom", kvstore::error);
+  kvstore::op(good).wait();
+  CHECK(x == 42);
+}
+
+TEST_CASE("async completion from another thread holds the key" * doctest::timeout(30)) {
+  engine e(2);
+  std::atomic<int> seen{0};
+  std::thread completer;
+  engine::done_fn saved;
+  std::mutex m;
+  std::condition_variable cv;
+  auto a = std::make_shared<op_state>(1);
+  e.submit(3, 0, [&](engine::done_fn d) {
+    std::lock_guard lk(m);
+    saved = std::move(d);
+    cv.notify_all();
+  }, a);
+  auto b = std::make_shared<op_state>(1);
+  e.submit_sync(3, 0, [&] { seen = 1; }, b);
+  {
+    std::unique_lock lk(m);
+    cv.wait(lk, [&] { return static_cast<bool>(saved); });
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(seen == 0);           // b waits for a
+  CHECK_FALSE(kvstore::op(a).ready());
+  completer = std::thread([&] { saved(nullptr); });
+  kvstore::op(b).wait();
+  CHECK(seen == 1);
+  completer.join();
+}
+
+TEST_CASE("wait_key and wait_all" * doctest::timeout(30)) {
+  engine e(2);
+  std::atomic<int> n{0};
+  for (int i = 0; i < 100; ++i)
+    e.submit_sync(static_cast<std::uint64_t>(i % 10), 0, [&] { n.fetch_add(1); }, nullptr);
+  e.wait_all();
+  CHECK(n == 100);
+}
+
+TEST_CASE("parallel_for covers the range once, also from inside a task" * doctest::timeout(30)) {
+  engine e(2);
+  std::vector<int> hits(100000, 0);
+  auto st = std::make_shared<op_state>(1);
+  e.submit_sync(1, 0, [&] {
+    e.parallel_for(hits.size(), 1000, [&](std::size_t b, std::size_t en) {
+      for (std::size_t i = b; i < en; ++i) hits[i] += 1;
+    });
+  }, st);
+  kvstore::op(st).wait();
+  for (int h : hits) REQUIRE(h == 1);
+}
