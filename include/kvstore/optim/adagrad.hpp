@@ -1,0 +1,52 @@
+// AdaGrad (Duchi et al.), MXNet's adagrad_update.
+#pragma once
+
+#include <kvstore/optim/grad.hpp>
+#include <kvstore/optim/optimizer.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <string_view>
+
+namespace kvstore::optim {
+
+/// AdaGrad: g = clip(rescale_grad * grad); `h += g^2`;
+/// `w -= learning_rate * (g / (sqrt(h) + epsilon) + weight_decay * w)`.
+/// As in MXNet, weight decay is applied to the weight directly and does not enter the history.
+/// clip_gradient <= 0 means no clipping. One slot: the history h.
+struct adagrad {
+  double learning_rate = 0.01;
+  double epsilon = 1e-7;
+  double weight_decay = 0;
+  double rescale_grad = 1;
+  double clip_gradient = -1;
+
+  static constexpr std::string_view name = "adagrad";
+  static constexpr int num_slots = 1;
+
+  /// Precondition: grad, weight and the slot have the same size (checked by the store).
+  template <class T>
+  void update(std::span<const T> grad, std::span<T> weight, const slots_view<T>& s) const {
+    const kvstore::detail::grad_prep<T> prep(rescale_grad, clip_gradient);
+    const T lr = static_cast<T>(learning_rate);
+    const T eps = static_cast<T>(epsilon);
+    const T wd = static_cast<T>(weight_decay);
+    const std::size_t n = weight.size();
+    T* w = weight.data();
+    const T* gr = grad.data();
+    T* h = s.slot[0].data();
+    for (std::size_t i = 0; i < n; ++i) {
+      const T g = prep(gr[i]);
+      h[i] += g * g;
+      w[i] -= lr * (g / (std::sqrt(h[i]) + eps) + wd * w[i]);
+    }
+  }
+
+  template <class Ar>
+  void serialize(Ar& ar, unsigned /*version*/) {
+    ar & learning_rate & epsilon & weight_decay & rescale_grad & clip_gradient;
+  }
+};
+
+}  // namespace kvstore::optim
