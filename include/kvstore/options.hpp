@@ -1,7 +1,16 @@
-// Options structs. Local options here; dist options (and from_env) in dist_options.hpp.
+// Options structs: local_options for KVStore<local>, dist_options for KVStore<dist>, kv_server and
+// kv_launch, with dist_options::from_env() reading the environment (KVSTORE_*, then DMLC_*).
 #pragma once
 
+#include <kvstore/error.hpp>
+
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <string_view>
 
 namespace kvstore {
 
@@ -11,6 +20,133 @@ struct local_options {
   unsigned threads = 0;
   /// Values of at least this many elements are reduced by all the pool's threads together.
   std::size_t parallel_reduce_min = std::size_t{1} << 16;
+};
+
+/// The role of a process in a distributed job.
+enum class role { worker, server, scheduler };
+
+/// Options of KVStore<dist> and of the server and scheduler loops.
+struct dist_options {
+  kvstore::role role = kvstore::role::worker;
+  /// Where the scheduler listens (host and port).
+  std::string scheduler_host = "127.0.0.1";
+  std::uint16_t scheduler_port = 9091;
+  int num_workers = 1;
+  int num_servers = 1;
+  /// true: dist_sync (a round's pushes of all workers are summed, then applied once);
+  /// false: dist_async (each push applied on arrival).
+  bool sync = true;
+  /// Shared secret every node proves before it is heard. Empty: listen on loopback only.
+  std::string token;
+  /// Preferred rank among the node's role (kv_launch sets it); -1: assigned in arrival order.
+  int rank_hint = -1;
+  /// Address a server listens on; empty: 127.0.0.1 without a token, 0.0.0.0 with one.
+  std::string bind_host;
+  /// Address others use to reach this server; empty: the bind host, or 127.0.0.1 for 0.0.0.0.
+  std::string advertise_host;
+
+  /// Deadline to reach the scheduler and for the whole job to gather.
+  std::chrono::milliseconds connect_timeout{30'000};
+  /// Deadline of one request to a server (push ack, pull answer, init). In dist_sync a push is
+  /// answered when all workers pushed, so this also bounds waiting for a slow worker.
+  std::chrono::milliseconds request_timeout{120'000};
+  /// Deadline of a barrier.
+  std::chrono::milliseconds barrier_timeout{300'000};
+  /// Heartbeat period of every node to the scheduler (heartbeats are always on).
+  std::chrono::milliseconds heartbeat_interval{500};
+  /// A node not heard from for this long is dead for the scheduler (and reported to the others).
+  std::chrono::milliseconds dead_timeout{10'000};
+
+  /// Values above this many bytes are sliced evenly over all servers.
+  std::size_t slice_bytes = std::size_t{1} << 20;
+  /// Payloads are sent in frames of at most this many bytes, so a later high-priority message
+  /// overtakes a long low-priority transfer.
+  std::size_t chunk_bytes = std::size_t{1} << 20;
+  /// A frame whose header announces more than this is refused and its connection closed.
+  std::size_t max_frame_bytes = std::size_t{1} << 30;
+  /// Engine threads of a worker; 0 = the number of cores.
+  unsigned threads = 0;
+  /// Barrier with all workers when the store is destroyed.
+  bool barrier_before_exit = true;
+
+  /// "dist_sync" or "dist_async".
+  std::string type_name() const { return sync ? "dist_sync" : "dist_async"; }
+
+  /// Options from the environment: KVSTORE_ROLE | DMLC_ROLE, KVSTORE_SCHEDULER (host:port) |
+  /// DMLC_PS_ROOT_URI + DMLC_PS_ROOT_PORT, KVSTORE_NUM_WORKERS | DMLC_NUM_WORKER,
+  /// KVSTORE_NUM_SERVERS | DMLC_NUM_SERVER, KVSTORE_TYPE, KVSTORE_TOKEN, KVSTORE_RANK.
+  /// Throws kvstore::error naming the variable whose value is malformed.
+  static dist_options from_env() {
+    dist_options o;
+    o.apply_env();
+    return o;
+  }
+
+  /// Overrides the fields named in the environment.
+  void apply_env() {
+    if (auto v = env("KVSTORE_ROLE", "DMLC_ROLE")) role = parse_role(*v);
+    if (auto v = env("KVSTORE_SCHEDULER")) {
+      auto colon = v->rfind(':');
+      if (colon == std::string::npos || colon == 0)
+        throw error(errc::invalid_argument,
+                    "KVSTORE_SCHEDULER=\"" + *v + "\" is not host:port");
+      scheduler_host = v->substr(0, colon);
+      scheduler_port = parse_port("KVSTORE_SCHEDULER", v->substr(colon + 1));
+    } else {
+      if (auto h = env("DMLC_PS_ROOT_URI")) scheduler_host = *h;
+      if (auto p = env("DMLC_PS_ROOT_PORT")) scheduler_port = parse_port("DMLC_PS_ROOT_PORT", *p);
+    }
+    if (auto v = env("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER"))
+      num_workers = parse_int("KVSTORE_NUM_WORKERS", *v, 1, 1 << 16);
+    if (auto v = env("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER"))
+      num_servers = parse_int("KVSTORE_NUM_SERVERS", *v, 1, 1 << 16);
+    if (auto v = env("KVSTORE_TYPE")) {
+      if (*v == "dist_sync" || *v == "dist")
+        sync = true;
+      else if (*v == "dist_async")
+        sync = false;
+      else
+        throw error(errc::invalid_argument,
+                    "KVSTORE_TYPE=\"" + *v + "\": expected dist_sync or dist_async");
+    }
+    if (auto v = env("KVSTORE_TOKEN")) token = *v;
+    if (auto v = env("KVSTORE_RANK")) rank_hint = parse_int("KVSTORE_RANK", *v, 0, 1 << 16);
+    if (auto v = env("KVSTORE_BIND")) bind_host = *v;
+    if (auto v = env("KVSTORE_ADVERTISE")) advertise_host = *v;
+  }
+
+  static kvstore::role parse_role(const std::string& v) {
+    if (v == "worker") return kvstore::role::worker;
+    if (v == "server") return kvstore::role::server;
+    if (v == "scheduler") return kvstore::role::scheduler;
+    throw error(errc::invalid_argument,
+                "role \"" + v + "\": expected worker, server or scheduler");
+  }
+
+ private:
+  static const char* get(const char* name) {
+    const char* v = std::getenv(name);
+    return (v && *v) ? v : nullptr;
+  }
+  // The first of the names that is set and non-empty.
+  static std::optional<std::string> env(const char* a, const char* b = nullptr) {
+    if (const char* v = get(a)) return std::string(v);
+    if (b)
+      if (const char* v = get(b)) return std::string(v);
+    return std::nullopt;
+  }
+  static int parse_int(const char* what, const std::string& v, int lo, int hi) {
+    char* end = nullptr;
+    long x = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || x < lo || x > hi)
+      throw error(errc::invalid_argument, std::string(what) + "=\"" + v +
+                                              "\" is not an integer in [" + std::to_string(lo) +
+                                              ", " + std::to_string(hi) + "]");
+    return static_cast<int>(x);
+  }
+  static std::uint16_t parse_port(const char* what, const std::string& v) {
+    return static_cast<std::uint16_t>(parse_int(what, v, 1, 65535));
+  }
 };
 
 }  // namespace kvstore
