@@ -1,0 +1,21 @@
+# Shared by scripts/*.sh (sourced, not run). Expects the caller to be in the repository root.
+
+JOBS=${JOBS:-$(nproc)}
+
+# configure DIR [CMAKE_ARGS...]: Ninja, RelWithDebInfo (-O2 -g), ccache when present.
+configure() {
+  local dir=$1; shift
+  local args=(-S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo)
+  if command -v ccache >/dev/null; then args+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+  cmake "${args[@]}" "$@" >"$dir.configure.log" 2>&1 || {
+    cat "$dir.configure.log" >&2
+    echo "configure of $dir failed" >&2
+    return 1
+  }
+}
+
+# executables DIR: the programs directly in DIR (what a CMake subdirectory built), one per line.
+executables() {
+  [[ -d $1 ]] || return 0
+  find "$1" -maxdepth 1 -type f -perm -u+x | sort
+}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Runs every test: builds everything in build/ and runs ctest, then runs SANITIZER_TESTS again
+# under ThreadSanitizer (build-tsan/) and Address+UndefinedBehavior sanitizers (build-asan/),
+# then a --quick smoke run of each benchmark. Exits non-zero if anything failed.
+# Environment: JOBS (default: nproc).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Tests (ctest names = target names = tests/<name>.cpp) also run under both sanitizers.
+# Add yours here; names whose source does not exist yet are skipped.
+SANITIZER_TESTS=(test_engine test_local_stress test_dist_threads)
+
+source scripts/lib.sh
+bash scripts/setup-deps.sh
+
+failed=()
+summaries=()
+
+# run_ctest NAME DIR [CTEST_ARGS...]: ctest (prefixed by the WRAP command, if any) with its output
+# shown and its summary line kept.
+WRAP=()
+run_ctest() {
+  local name=$1 dir=$2; shift 2
+  local log=$dir/ctest.log rc=0
+  ${WRAP[@]+"${WRAP[@]}"} ctest --test-dir "$dir" --output-on-failure -j"$JOBS" "$@" 2>&1 | tee "$log" || rc=$?
+  local line
+  line=$(grep -E 'tests passed|No tests were found' "$log" | tail -1 || true)
+  summaries+=("$(printf '%-22s %s' "$name:" "${line:-no summary (ctest exit $rc)}")")
+  ((rc == 0)) || failed+=("$name")
+}
+
+echo "== build (build/, RelWithDebInfo) =="
+configure build
+cmake --build build -j"$JOBS"
+
+echo "== tests =="
+run_ctest tests build
+
+# Sanitizer runs: only SANITIZER_TESTS that exist, and only their targets are built.
+targets=()
+for t in "${SANITIZER_TESTS[@]}"; do
+  [[ -f tests/$t.cpp ]] && targets+=("$t")
+done
+if ((${#targets[@]})); then
+  regex="^($(IFS='|'; echo "${targets[*]}"))\$"
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_init_order=1}
+  export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
+  for san in thread address,undefined; do
+    dir=build-tsan name="tsan"
+    [[ $san == thread ]] || { dir=build-asan name="asan+ubsan"; }
+    echo "== $name: ${targets[*]} ($dir/) =="
+    configure "$dir" -DKVSTORE_SANITIZE="$san" -DKVSTORE_BUILD_EXAMPLES=OFF -DKVSTORE_BUILD_BENCHMARKS=OFF
+    cmake --build "$dir" -j"$JOBS" --target "${targets[@]}"
+    # TSan's shadow memory layout clashes with high-entropy ASLR on some kernels (mmap_rnd_bits
+    # above 28): run its tests without ASLR when the kernel lets us.
+    WRAP=()
+    if [[ $san == thread ]] && setarch "$(uname -m)" -R true 2>/dev/null; then
+      WRAP=(setarch "$(uname -m)" -R)
+    fi
+    run_ctest "$name" "$dir" -R "$regex" --no-tests=error
+    WRAP=()
+  done
+fi
+
+# Benchmarks are measured by scripts/bench.sh; here each one only has to run in --quick mode.
+bench_ok=0 bench_bad=0
+while read -r b; do
+  [[ -n $b ]] || continue
+  echo "== benchmark smoke: $b --quick =="
+  if timeout 300 "$b" --quick; then bench_ok=$((bench_ok + 1)); else bench_bad=$((bench_bad + 1)); failed+=("$(basename "$b") --quick"); fi
+done < <(executables build/benchmarks)
+
+echo
+echo "== summary =="
+printf '%-22s %s\n' "benchmarks --quick:" "$bench_ok ran, $bench_bad failed"
+printf '%s\n' "${summaries[@]}"
+if ((${#failed[@]})); then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
