@@ -1,0 +1,617 @@
+// KVStore<local, T>: one process, values from any number of devices summed on the CPU, the
+// optimizer applied in place. Self-contained and free of Asio: include it alone for local-only
+// code.
+#pragma once
+
+#include <kvstore/engine/engine.hpp>
+#include <kvstore/error.hpp>
+#include <kvstore/fwd.hpp>
+#include <kvstore/optim/all.hpp>
+#include <kvstore/options.hpp>
+#include <kvstore/reduce/cpu.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace kvstore {
+
+namespace detail {
+
+/// One key of a local store. `k`, `size` and `row_length` never change after init; everything
+/// else is touched only by the key's own tasks (the engine runs one at a time per key) and, under
+/// `m`, by saving and loading optimizer states.
+template <class T>
+struct local_entry {
+  local_entry(key k_, std::vector<T> v, std::size_t rl)
+      : k(std::move(k_)), size(v.size()), row_length(rl), value(std::move(v)) {}
+
+  const key k;
+  const std::size_t size;
+  const std::size_t row_length;  ///< 0: not a matrix
+  std::mutex m;
+  std::vector<T> value;
+  optim::state<T> state;
+  /// The optimizer generation `state` belongs to; an update by another one starts fresh.
+  std::uint64_t state_gen = 0;
+  std::vector<T> scratch;  ///< summed gradients, summed duplicate rows
+
+  std::size_t rows() const noexcept { return row_length ? size / row_length : 0; }
+};
+
+/// The store's optimizer, with the generation that tells states of an older one apart.
+template <class T>
+struct local_optimizer {
+  optim::updater<T> u;
+  std::uint64_t gen = 0;
+};
+
+/// All of a local store, behind one pointer: moving the store moves the pointer, and the
+/// engine's tasks (which point into it) never dangle.
+template <class T>
+struct local_impl {
+  explicit local_impl(const local_options& o) : opts(o), eng(o.threads) {}
+
+  local_options opts;
+  std::shared_mutex m;  ///< guards `keys` (the map, not the entries) and `opt`
+  std::unordered_map<std::uint64_t, std::unique_ptr<local_entry<T>>> keys;
+  std::shared_ptr<const local_optimizer<T>> opt;  ///< null: no optimizer
+  std::uint64_t generation = 0;
+  engine eng;  ///< last: destroyed first, after it has waited for every op
+
+  // dst = sum of srcs, over the pool for large values.
+  void sum(std::span<T> dst, std::span<const std::span<const T>> srcs) {
+    reduce::sum_into<T>(eng, dst, srcs, opts.parallel_reduce_min);
+  }
+  void copy(std::span<T> dst, std::span<const T> src) {
+    sum(dst, std::span<const std::span<const T>>(&src, 1));
+  }
+};
+
+[[noreturn]] inline void local_fail(errc c, std::string_view call, const key& k,
+                                    const std::string& problem) {
+  throw error(c, "kvstore: " + std::string(call) + " of key " + k.str() + ": " + problem);
+}
+
+inline std::string elems(std::size_t n) {
+  return std::to_string(n) + (n == 1 ? " element" : " elements");
+}
+
+}  // namespace detail
+
+/// The local store: one process; values pushed from several devices are summed, then stored, or
+/// with an optimizer set, applied to the stored weight as a gradient.
+///
+/// Every data call checks its arguments before anything is queued and throws kvstore::error
+/// (naming the key and the problem) on misuse; a call that throws changes nothing. Push and pull
+/// return an `op` at once: the caller keeps input buffers alive and unchanged, and does not read
+/// output buffers, until that op is done (op::wait, wait(key), wait_all). Ops on one key take
+/// effect in issue order; among ops waiting for a thread, higher priority runs first.
+/// Calls may be made from several threads at once.
+template <class T>
+class KVStore<local, T> {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "KVStore<local, T>: T must be float or double");
+
+ public:
+  using value_type = T;
+
+  /// A store with default options (one engine thread per core).
+  KVStore() : KVStore(local_options{}) {}
+  /// A store with the given options.
+  explicit KVStore(const local_options& o) : impl_(std::make_unique<detail::local_impl<T>>(o)) {}
+  KVStore(const KVStore&) = delete;
+  KVStore& operator=(const KVStore&) = delete;
+  /// Moves the whole store; the moved-from store may only be destroyed or assigned to.
+  KVStore(KVStore&&) noexcept = default;
+  /// Finishes every op of this store first, then takes over `other`'s.
+  KVStore& operator=(KVStore&&) noexcept = default;
+  /// Waits for every op issued, then stops the engine.
+  ~KVStore() {
+    if (impl_) impl_->eng.wait_all();
+  }
+
+  /// "local".
+  std::string type() const { return "local"; }
+  /// Always 0.
+  int rank() const noexcept { return 0; }
+  /// Always 1.
+  int num_workers() const noexcept { return 1; }
+
+  // ---- init ----------------------------------------------------------------------------------
+
+  /// Stores the first value of `k`. Returns once stored.
+  /// Throws: already_inited (k inited before), invalid_argument (k's id is taken by another name).
+  void init(key k, std::span<const T> value) { init_entries({{std::move(k), value, 0}}); }
+
+  /// Stores the first value of a matrix key: value.size() / row_length rows of row_length
+  /// elements, for push_rows / pull_rows. Returns once stored.
+  /// Throws as init above, and invalid_argument (row_length 0), size_mismatch (value.size() not a
+  /// multiple of row_length).
+  void init(key k, std::span<const T> value, std::size_t row_length) {
+    if (row_length == 0) detail::local_fail(errc::invalid_argument, "init", k, "row_length is 0");
+    if (value.size() % row_length != 0)
+      detail::local_fail(errc::size_mismatch, "init", k,
+                         "size " + std::to_string(value.size()) +
+                             " is not a multiple of the row length " + std::to_string(row_length));
+    init_entries({{std::move(k), value, row_length}});
+  }
+
+  /// Inits several keys at once: all of them, or (on any error) none. Returns once stored.
+  /// Throws as init, and invalid_argument when ks and values differ in length.
+  void init(std::span<const key> ks, std::span<const std::span<const T>> values) {
+    if (ks.size() != values.size())
+      throw error(errc::invalid_argument, "kvstore: init of " + std::to_string(ks.size()) +
+                                              " keys with " + std::to_string(values.size()) +
+                                              " values");
+    std::vector<init_item> items;
+    items.reserve(ks.size());
+    for (std::size_t i = 0; i < ks.size(); ++i) items.push_back({ks[i], values[i], 0});
+    init_entries(std::move(items));
+  }
+
+  // ---- push ----------------------------------------------------------------------------------
+
+  /// Pushes one value: stored as is, or with an optimizer applied as the gradient.
+  /// Throws: unknown_key, size_mismatch. Done once the store has taken the value.
+  op push(key k, std::span<const T> value, int priority = 0) {
+    return push_groups("push", {group_in{&find("push", k), {value}}}, priority);
+  }
+
+  /// Pushes the sum of several values (one per device), summed in the order given.
+  /// Throws: unknown_key, size_mismatch, invalid_argument (no values).
+  op push(key k, std::initializer_list<std::span<const T>> values, int priority = 0) {
+    if (values.size() == 0) detail::local_fail(errc::invalid_argument, "push", k, "no values");
+    return push_groups("push", {group_in{&find("push", k), {values.begin(), values.end()}}},
+                       priority);
+  }
+
+  /// Pushes several keys as one op (one part per key). A key listed several times gets the sum
+  /// of its values, as one push. Throws as push, and invalid_argument when ks and values differ
+  /// in length; nothing is pushed when any key fails.
+  op push(std::span<const key> ks, std::span<const std::span<const T>> values, int priority = 0) {
+    if (ks.size() != values.size())
+      throw error(errc::invalid_argument, "kvstore: push of " + std::to_string(ks.size()) +
+                                              " keys with " + std::to_string(values.size()) +
+                                              " values");
+    std::vector<group_in> groups;
+    {
+      std::shared_lock lk(impl_->m);
+      for (std::size_t i = 0; i < ks.size(); ++i) {
+        auto* e = &find_locked("push", ks[i]);
+        auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.e == e; });
+        if (it == groups.end()) groups.push_back({e, {values[i]}});
+        else it->srcs.push_back(values[i]);
+      }
+    }
+    return push_groups("push", std::move(groups), priority);
+  }
+
+  // ---- pull ----------------------------------------------------------------------------------
+
+  /// Copies the newest value of `k` (after every earlier push on k) into `out`.
+  /// Throws: unknown_key, size_mismatch. Done once `out` holds it.
+  op pull(key k, std::span<T> out, int priority = 0) {
+    return pull_groups("pull", {group_out{&find("pull", k), {out}}}, priority);
+  }
+
+  /// Copies the newest value of `k` into each of `outs`.
+  /// Throws: unknown_key, size_mismatch, invalid_argument (no outputs).
+  op pull(key k, std::initializer_list<std::span<T>> outs, int priority = 0) {
+    if (outs.size() == 0) detail::local_fail(errc::invalid_argument, "pull", k, "no outputs");
+    return pull_groups("pull", {group_out{&find("pull", k), {outs.begin(), outs.end()}}},
+                       priority);
+  }
+
+  /// Pulls several keys as one op (one part per key). Throws as pull, and invalid_argument when
+  /// ks and outs differ in length; nothing is pulled when any key fails.
+  op pull(std::span<const key> ks, std::span<const std::span<T>> outs, int priority = 0) {
+    if (ks.size() != outs.size())
+      throw error(errc::invalid_argument, "kvstore: pull of " + std::to_string(ks.size()) +
+                                              " keys into " + std::to_string(outs.size()) +
+                                              " outputs");
+    std::vector<group_out> groups;
+    {
+      std::shared_lock lk(impl_->m);
+      for (std::size_t i = 0; i < ks.size(); ++i) {
+        auto* e = &find_locked("pull", ks[i]);
+        auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.e == e; });
+        if (it == groups.end()) groups.push_back({e, {outs[i]}});
+        else it->outs.push_back(outs[i]);
+      }
+    }
+    return pull_groups("pull", std::move(groups), priority);
+  }
+
+  /// A push of `value` then a pull into `out`, as one op on the key (nothing runs between).
+  /// Throws: unknown_key, size_mismatch. Done once `out` holds the new value.
+  op pushpull(key k, std::span<const T> value, std::span<T> out, int priority = 0) {
+    auto& e = find("pushpull", k);
+    check_size("pushpull", e, value.size());
+    check_size("pushpull", e, out.size());
+    auto opt = current_optimizer();
+    auto st = std::make_shared<detail::op_state>(1);
+    detail::local_impl<T>* impl = impl_.get();
+    std::vector<std::span<const T>> srcs{value};
+    impl->eng.submit_sync(
+        e.k.id(), priority,
+        [impl, ep = &e, srcs = std::move(srcs), opt, out] {
+          std::lock_guard lk(ep->m);
+          push_task(*impl, *ep, srcs, opt.get());
+          impl->copy(out, ep->value);
+        },
+        st);
+    return op(std::move(st));
+  }
+
+  // ---- rows ----------------------------------------------------------------------------------
+
+  /// Pushes rows of a matrix key: values holds rows.size() * row_length elements, row after row.
+  /// Rows named twice are summed first. With no optimizer the rows are stored; with one, they are
+  /// gradients of those rows only (the key's step count advances once per call).
+  /// Throws: unknown_key, not_a_matrix, row_out_of_range, invalid_argument (values.size() is not
+  /// rows.size() * row_length). Done once the store has taken the rows.
+  op push_rows(key k, std::span<const std::int64_t> rows, std::span<const T> values,
+               int priority = 0) {
+    auto& e = find("push_rows", k);
+    check_rows("push_rows", e, rows, values.size());
+    auto opt = current_optimizer();
+    auto st = std::make_shared<detail::op_state>(1);
+    detail::local_impl<T>* impl = impl_.get();
+    impl->eng.submit_sync(
+        e.k.id(), priority,
+        [ep = &e, rows, values, opt] {
+          std::lock_guard lk(ep->m);
+          push_rows_task(*ep, rows, values, opt.get());
+        },
+        st);
+    return op(std::move(st));
+  }
+
+  /// Copies rows of a matrix key, in the order named (repeats allowed), into `out`
+  /// (rows.size() * row_length elements). Throws as push_rows. Done once `out` holds them.
+  op pull_rows(key k, std::span<const std::int64_t> rows, std::span<T> out, int priority = 0) {
+    auto& e = find("pull_rows", k);
+    check_rows("pull_rows", e, rows, out.size());
+    auto st = std::make_shared<detail::op_state>(1);
+    impl_->eng.submit_sync(
+        e.k.id(), priority,
+        [ep = &e, rows, out] {
+          std::lock_guard lk(ep->m);
+          const std::size_t rl = ep->row_length;
+          for (std::size_t i = 0; i < rows.size(); ++i)
+            std::copy_n(ep->value.data() + static_cast<std::size_t>(rows[i]) * rl, rl,
+                        out.data() + i * rl);
+        },
+        st);
+    return op(std::move(st));
+  }
+
+  // ---- waiting -------------------------------------------------------------------------------
+
+  /// Returns once every op issued on `k` before this call is done (a key never used: at once).
+  /// Errors of those ops are reported by their op::wait, not here.
+  void wait(key k) { impl_->eng.wait_key(k.id()); }
+  /// Returns once every op issued before this call is done.
+  void wait_all() { impl_->eng.wait_all(); }
+
+  // ---- optimizers ----------------------------------------------------------------------------
+
+  /// Sets a registered optimizer (optim::sgd, optim::adam, optim::adagrad, or any type meeting
+  /// optim::registered_optimizer). Waits for every op in flight first; the optimizer state of
+  /// every key starts fresh. Later pushes are gradients.
+  template <optim::registered_optimizer O>
+  void set_optimizer(const O& o) {
+    install(optim::make_updater<T>(o));
+  }
+
+  /// Sets a callable `(kvstore::key, std::span<const T> grad, std::span<T> weight)` as the
+  /// optimizer (local mode only; it has no state to save). It may be called from several engine
+  /// threads at once for different keys, never twice at once for one key. Waits as above.
+  template <class F>
+    requires(!optim::registered_optimizer<std::remove_cvref_t<F>> &&
+             optim::callable_optimizer<std::remove_cvref_t<F>, T>)
+  void set_optimizer(F&& f) {
+    install(optim::from_callable<T>(std::remove_cvref_t<F>(std::forward<F>(f))));
+  }
+
+  /// Sets an already type-erased optimizer (as optim::make_updater / create_updater build).
+  /// Throws invalid_argument for an empty updater. Waits as above.
+  void set_optimizer(optim::updater<T> u) {
+    if (!u) throw error(errc::invalid_argument, "kvstore: set_optimizer: empty updater");
+    install(std::move(u));
+  }
+
+  /// Writes every key's optimizer state to `path` (atomically: the old file stays whole if this
+  /// fails), after waiting for every op in flight. With no optimizer, or a callable one, the file
+  /// names no optimizer and holds only step counts. Throws: io_error.
+  void save_optimizer_states(const std::filesystem::path& path) {
+    impl_->eng.wait_all();
+    std::map<std::uint64_t, optim::key_state<T>> states;
+    std::string name;
+    {
+      std::shared_lock lk(impl_->m);
+      const std::uint64_t gen = impl_->opt ? impl_->opt->gen : 0;
+      if (impl_->opt) name = impl_->opt->u.name;
+      for (auto& [id, e] : impl_->keys) {
+        std::lock_guard elk(e->m);
+        if (e->state_gen != gen || (e->state.step == 0 && e->state.slots.empty())) continue;
+        states.emplace(id, optim::key_state<T>{e->k.name(), e->state});
+      }
+    }
+    optim::save_states<T>(path, name, states);
+  }
+
+  /// Replaces every key's optimizer state with the one saved in `path` (a key the file does not
+  /// name starts fresh), after waiting for every op in flight. The file must have been saved for
+  /// an optimizer of the same name as the current one (none: an unnamed file). All-or-nothing:
+  /// Throws io_error, bad_file (wrong, truncated or corrupt file, another optimizer or element
+  /// type), unknown_key (a key this store does not have), size_mismatch (a state of another size
+  /// than its key), and then no state has changed.
+  void load_optimizer_states(const std::filesystem::path& path) {
+    impl_->eng.wait_all();
+    std::shared_lock lk(impl_->m);
+    const auto* opt = impl_->opt.get();
+    auto loaded = optim::load_states<T>(path, opt ? std::string_view(opt->u.name) : "");
+    const std::size_t slots = opt ? static_cast<std::size_t>(opt->u.num_slots) : 0;
+    std::vector<std::pair<detail::local_entry<T>*, optim::key_state<T>*>> found;
+    for (auto& [id, ks] : loaded) {
+      auto it = impl_->keys.find(id);
+      const key shown = ks.name.empty() ? key(static_cast<std::int64_t>(id)) : key(ks.name);
+      if (it == impl_->keys.end() || it->second->k.name() != ks.name)
+        detail::local_fail(errc::unknown_key, "load_optimizer_states", shown,
+                           "the file has a state for it, the store has no such key");
+      auto& e = *it->second;
+      if (!ks.st.slots.empty() &&
+          (ks.st.slots.size() != slots || ks.st.slots.front().size() != e.size))
+        detail::local_fail(errc::size_mismatch, "load_optimizer_states", e.k,
+                           "saved state has " + std::to_string(ks.st.slots.size()) +
+                               " slots of " + detail::elems(ks.st.slots.front().size()) +
+                               ", expected " + std::to_string(slots) + " of " +
+                               detail::elems(e.size));
+      found.emplace_back(&e, &ks);
+    }
+    const std::uint64_t gen = opt ? opt->gen : 0;
+    for (auto& [id, e] : impl_->keys) {
+      std::lock_guard elk(e->m);
+      e->state = {};
+      e->state_gen = gen;
+    }
+    for (auto& [e, ks] : found) {
+      std::lock_guard elk(e->m);
+      e->state = std::move(ks->st);
+    }
+  }
+
+  // ---- the cluster (local: trivial) ----------------------------------------------------------
+
+  /// No other worker: returns at once.
+  void barrier() {}
+  /// No other node: always 0.
+  int num_dead_node(int /*node_id*/, int /*timeout_sec*/ = 60) const { return 0; }
+  /// No servers in local mode. Throws: unsupported.
+  void send_command_to_servers(int /*head*/, std::string_view /*body*/) {
+    throw error(errc::unsupported,
+                "kvstore: send_command_to_servers is a dist call; a local store has no servers");
+  }
+  /// No other worker: no effect.
+  void set_barrier_before_exit(bool /*on*/) {}
+
+ private:
+  using entry = detail::local_entry<T>;
+  struct init_item {
+    key k;
+    std::span<const T> value;
+    std::size_t row_length;
+  };
+  struct group_in {
+    entry* e;
+    std::vector<std::span<const T>> srcs;
+  };
+  struct group_out {
+    entry* e;
+    std::vector<std::span<T>> outs;
+  };
+
+  std::shared_ptr<const detail::local_optimizer<T>> current_optimizer() const {
+    std::shared_lock lk(impl_->m);
+    return impl_->opt;
+  }
+
+  // The entry of `k` (impl_->m held, shared or not). Throws unknown_key, or invalid_argument when
+  // k's id belongs to another name.
+  entry& find_locked(std::string_view call, const key& k) const {
+    auto it = impl_->keys.find(k.id());
+    if (it == impl_->keys.end()) detail::local_fail(errc::unknown_key, call, k, "never inited");
+    entry& e = *it->second;
+    check_same_name(call, e.k, k);
+    return e;
+  }
+  entry& find(std::string_view call, const key& k) const {
+    std::shared_lock lk(impl_->m);
+    return find_locked(call, k);
+  }
+  static void check_same_name(std::string_view call, const key& have, const key& k) {
+    if (have.is_named() != k.is_named() || have.name() != k.name())
+      detail::local_fail(errc::invalid_argument, call, k,
+                         "its id " + std::to_string(k.id()) + " is already taken by key " +
+                             have.str());
+  }
+  static void check_size(std::string_view call, const entry& e, std::size_t n) {
+    if (n != e.size)
+      detail::local_fail(errc::size_mismatch, call, e.k,
+                         "size " + std::to_string(n) + " does not match the key's size " +
+                             std::to_string(e.size));
+  }
+  static void check_rows(std::string_view call, const entry& e,
+                         std::span<const std::int64_t> rows, std::size_t n) {
+    if (e.row_length == 0)
+      detail::local_fail(errc::not_a_matrix, call, e.k,
+                         "it was inited without a row length, so it has no rows");
+    const auto nrows = static_cast<std::int64_t>(e.rows());
+    for (std::int64_t r : rows)
+      if (r < 0 || r >= nrows)
+        detail::local_fail(errc::row_out_of_range, call, e.k,
+                           "row " + std::to_string(r) + " is out of range (the key has " +
+                               std::to_string(nrows) + " rows)");
+    if (n != rows.size() * e.row_length)
+      detail::local_fail(errc::invalid_argument, call, e.k,
+                         std::to_string(rows.size()) + " rows of " + std::to_string(e.row_length) +
+                             " need " + detail::elems(rows.size() * e.row_length) + ", given " +
+                             std::to_string(n));
+  }
+
+  void init_entries(std::vector<init_item> items) {
+    // Copy outside the lock (values may be large), then check and insert all under it.
+    std::vector<std::unique_ptr<entry>> made;
+    made.reserve(items.size());
+    for (auto& it : items)
+      made.push_back(std::make_unique<entry>(
+          it.k, std::vector<T>(it.value.begin(), it.value.end()), it.row_length));
+    std::unique_lock lk(impl_->m);
+    for (std::size_t i = 0; i < made.size(); ++i) {
+      const key& k = made[i]->k;
+      auto hit = impl_->keys.find(k.id());
+      bool twice = false;
+      for (std::size_t j = 0; j < i && !twice; ++j) twice = made[j]->k.id() == k.id();
+      if (hit != impl_->keys.end()) {
+        check_same_name("init", hit->second->k, k);
+        twice = true;
+      } else if (twice) {
+        for (std::size_t j = 0; j < i; ++j)
+          if (made[j]->k.id() == k.id()) check_same_name("init", made[j]->k, k);
+      }
+      if (twice) detail::local_fail(errc::already_inited, "init", k, "inited twice");
+    }
+    for (auto& e : made) {
+      const std::uint64_t id = e->k.id();
+      impl_->keys.emplace(id, std::move(e));
+    }
+  }
+
+  op push_groups(std::string_view call, std::vector<group_in> groups, int priority) {
+    for (auto& g : groups)
+      for (auto& s : g.srcs) check_size(call, *g.e, s.size());
+    if (groups.empty()) return op::done();
+    auto opt = current_optimizer();
+    auto st = std::make_shared<detail::op_state>(groups.size());
+    detail::local_impl<T>* impl = impl_.get();
+    for (auto& g : groups) {
+      impl->eng.submit_sync(
+          g.e->k.id(), priority,
+          [impl, ep = g.e, srcs = std::move(g.srcs), opt] {
+            std::lock_guard lk(ep->m);
+            push_task(*impl, *ep, srcs, opt.get());
+          },
+          st);
+    }
+    return op(std::move(st));
+  }
+
+  op pull_groups(std::string_view call, std::vector<group_out> groups, int priority) {
+    for (auto& g : groups)
+      for (auto& o : g.outs) check_size(call, *g.e, o.size());
+    if (groups.empty()) return op::done();
+    auto st = std::make_shared<detail::op_state>(groups.size());
+    detail::local_impl<T>* impl = impl_.get();
+    for (auto& g : groups) {
+      impl->eng.submit_sync(
+          g.e->k.id(), priority,
+          [impl, ep = g.e, outs = std::move(g.outs)] {
+            std::lock_guard lk(ep->m);
+            for (auto o : outs) impl->copy(o, ep->value);
+          },
+          st);
+    }
+    return op(std::move(st));
+  }
+
+  // The state of `e` for optimizer `o`: a fresh one if it belonged to another optimizer.
+  static optim::state<T>& state_for(entry& e, const detail::local_optimizer<T>& o) {
+    if (e.state_gen != o.gen) {
+      e.state = {};
+      e.state_gen = o.gen;
+    }
+    return e.state;
+  }
+
+  // Runs in the key's task, e.m held.
+  static void push_task(detail::local_impl<T>& impl, entry& e,
+                        const std::vector<std::span<const T>>& srcs,
+                        const detail::local_optimizer<T>* opt) {
+    if (!opt) {
+      impl.sum(e.value, srcs);
+      return;
+    }
+    std::span<const T> grad = srcs.front();
+    if (srcs.size() > 1) {
+      e.scratch.resize(e.size);
+      impl.sum(e.scratch, srcs);
+      grad = e.scratch;
+    }
+    opt->u.apply(e.k, grad, e.value, state_for(e, *opt));
+  }
+
+  // Runs in the key's task, e.m held. Rows are taken in ascending order; a row named several
+  // times is the sum of its values in the order given.
+  static void push_rows_task(entry& e, std::span<const std::int64_t> rows,
+                             std::span<const T> values, const detail::local_optimizer<T>* opt) {
+    const std::size_t rl = e.row_length;
+    std::vector<std::size_t> order(rows.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    if (!std::is_sorted(rows.begin(), rows.end()))
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::size_t a, std::size_t b) { return rows[a] < rows[b]; });
+    optim::state<T>* st = nullptr;
+    if (opt) {
+      st = &state_for(e, *opt);
+      opt->u.ensure_state(*st, e.size);
+      ++st->step;
+    }
+    std::vector<std::span<const T>> dup;
+    for (std::size_t i = 0; i < order.size();) {
+      const auto row = static_cast<std::size_t>(rows[order[i]]);
+      std::size_t j = i + 1;
+      while (j < order.size() && rows[order[j]] == rows[order[i]]) ++j;
+      std::span<const T> grad = values.subspan(order[i] * rl, rl);
+      if (j - i > 1) {
+        dup.clear();
+        for (std::size_t t = i; t < j; ++t) dup.push_back(values.subspan(order[t] * rl, rl));
+        e.scratch.resize(rl);
+        reduce::sum_into<T>(std::span<T>(e.scratch.data(), rl), dup);
+        grad = std::span<const T>(e.scratch.data(), rl);
+      }
+      std::span<T> w(e.value.data() + row * rl, rl);
+      if (opt)
+        opt->u.fn(e.k, grad, w, optim::updater<T>::view(*st, row * rl, rl));
+      else
+        std::copy(grad.begin(), grad.end(), w.begin());
+      i = j;
+    }
+  }
+
+  void install(optim::updater<T> u) {
+    impl_->eng.wait_all();
+    std::unique_lock lk(impl_->m);
+    impl_->opt = std::make_shared<const detail::local_optimizer<T>>(
+        detail::local_optimizer<T>{std::move(u), ++impl_->generation});
+  }
+
+  std::unique_ptr<detail::local_impl<T>> impl_;
+};
+
+}  // namespace kvstore
