@@ -47,7 +47,10 @@ class engine {
   unsigned size() const noexcept { return static_cast<unsigned>(threads_.size()); }
 
   /// Queues `task` behind every earlier op on `key`; `part` is completed with the task's result.
-  void submit(std::uint64_t key, int priority, task_fn task, std::shared_ptr<op_state> part) {
+  /// With `may_run_inline`, a task whose key is idle while no other op waits for a thread runs at
+  /// once on the calling thread (no hand-off): for short tasks that only queue network frames.
+  void submit(std::uint64_t key, int priority, task_fn task, std::shared_ptr<op_state> part,
+              bool may_run_inline = false) {
     std::unique_lock lk(m_);
     item it{priority, seq_++, key, std::move(task), std::move(part)};
     ++in_flight_;
@@ -58,6 +61,11 @@ class engine {
       return;
     }
     q.busy = true;
+    if (may_run_inline && ready_.empty()) {
+      lk.unlock();
+      execute(std::move(it));
+      return;
+    }
     ready_.push(std::move(it));
     lk.unlock();
     cv_.notify_one();

@@ -1,0 +1,404 @@
+// The scheduler: gathers the job (every server and worker registers), hands out node ids, ranks
+// and the servers' addresses, runs barriers, tracks liveness by heartbeats and closed
+// connections, tells everyone when a node dies, and ends the job when every worker has left.
+#pragma once
+
+#include <kvstore/detail/log.hpp>
+#include <kvstore/options.hpp>
+#include <kvstore/rendezvous/nodes.hpp>
+#include <kvstore/transport/connection.hpp>
+#include <kvstore/wire/meta.hpp>
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace kvstore {
+
+class scheduler final : public transport::frame_handler {
+  using clock = std::chrono::steady_clock;
+
+ public:
+  /// Binds the listening socket at once (port 0 picks a free port; see port()).
+  /// Throws kvstore::error(unreachable) when the address cannot be bound.
+  explicit scheduler(dist_options o)
+      : opts_(std::move(o)), acceptor_(io_), timer_(io_) {
+    std::string host = opts_.bind_host.empty()
+                           ? (opts_.token.empty() ? std::string("127.0.0.1") : std::string("0.0.0.0"))
+                           : opts_.bind_host;
+    if (opts_.bind_host.empty() && opts_.token.empty() && opts_.scheduler_host != "127.0.0.1" &&
+        opts_.scheduler_host != "localhost")
+      host = "0.0.0.0";  // a cluster's scheduler must be reachable; without a token we warn
+    try {
+      transport::tcp::endpoint ep(transport::asio::ip::make_address(host), opts_.scheduler_port);
+      acceptor_.open(ep.protocol());
+      acceptor_.set_option(transport::tcp::acceptor::reuse_address(true));
+      acceptor_.bind(ep);
+      acceptor_.listen();
+    } catch (const std::exception& e) {
+      throw error(errc::unreachable, "scheduler cannot listen on " + host + ":" +
+                                         std::to_string(opts_.scheduler_port) + ": " + e.what());
+    }
+    if (opts_.token.empty() && host != "127.0.0.1")
+      detail::log_warn("scheduler", "no KVSTORE_TOKEN set but listening on " + host +
+                                        ": anyone who reaches the port can join");
+    else if (opts_.token.empty())
+      detail::log_info("scheduler", "no token: listening on loopback only");
+  }
+
+  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+  /// Serves until the job is over (every worker said bye or died, servers told to shut down).
+  /// Throws kvstore::error when the job does not gather within connect_timeout.
+  void run() {
+    start_ = clock::now();
+    accept();
+    tick();
+    io_.run();
+    if (!failure_.empty()) throw error(errc::timeout, failure_);
+  }
+
+  /// Stops serving (from any thread).
+  void stop() {
+    transport::asio::post(io_, [this] { finish(); });
+  }
+
+ private:
+  struct node {
+    int id = -1;
+    int rank = -1;
+    role r = role::worker;
+    std::string host;
+    std::uint16_t port = 0;
+    std::shared_ptr<transport::connection> conn;
+    clock::time_point last_heard;
+    bool dead = false;
+    bool bye = false;
+    bool left = false;
+  };
+
+  void accept() {
+    acceptor_.async_accept([this](boost::system::error_code ec, transport::tcp::socket s) {
+      if (ec) return;  // acceptor closed
+      auto c = std::make_shared<transport::connection>(std::move(s), *this, limits());
+      pending_.insert(c);
+      c->start();
+      accept();
+    });
+  }
+
+  wire::limits limits() const {
+    wire::limits l;
+    l.max_payload = 1 << 20;  // the scheduler takes no tensors
+    l.max_meta = 1 << 20;
+    return l;
+  }
+
+  void tick() {
+    timer_.expires_after(std::min<std::chrono::milliseconds>(opts_.heartbeat_interval, std::chrono::milliseconds(250)));
+    timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || done_) return;
+      auto now = clock::now();
+      if (!gathered_ && now - start_ > opts_.connect_timeout) {
+        failure_ = "the job did not gather within " + std::to_string(opts_.connect_timeout.count()) +
+                   " ms: " + std::to_string(count(role::server)) + " of " +
+                   std::to_string(opts_.num_servers) + " servers and " +
+                   std::to_string(count(role::worker)) + " of " +
+                   std::to_string(opts_.num_workers) + " workers registered";
+        detail::log_warn("scheduler", failure_);
+        for (auto& n : nodes_) reply(n.conn, 0, errc::timeout, failure_);
+        return finish();
+      }
+      if (gathered_) {
+        for (auto& n : nodes_) {
+          if (!n.dead && !n.bye && now - n.last_heard > opts_.dead_timeout)
+            mark_dead(n, "not heard from for " + std::to_string(opts_.dead_timeout.count()) + " ms");
+        }
+      }
+      tick();
+    });
+  }
+
+  int count(role r) const {
+    int c = 0;
+    for (auto& n : nodes_) c += n.r == r;
+    return c;
+  }
+
+  node* find(transport::connection& c) {
+    for (auto& n : nodes_)
+      if (n.conn.get() == &c) return &n;
+    return nullptr;
+  }
+
+  void on_frame(transport::connection& c, const wire::header& h, std::string meta,
+                std::span<const std::byte>) override {
+    node* n = find(c);
+    if (!n) {
+      if (h.command != wire::cmd::reg) throw error(errc::protocol, "first frame must register");
+      return on_register(c, h, meta);
+    }
+    n->last_heard = clock::now();
+    switch (h.command) {
+      case wire::cmd::heartbeat: return;
+      case wire::cmd::barrier:
+        if (n->r != role::worker) throw error(errc::protocol, "barrier from a non-worker");
+        barrier_.emplace_back(n->id, h.req_id);
+        return check_barrier();
+      case wire::cmd::dead_count: {
+        auto timeout = std::chrono::milliseconds(h.total);
+        auto now = clock::now();
+        std::uint64_t dead = 0;
+        for (auto& m : nodes_) {
+          if (!(static_cast<std::uint64_t>(detail::group_of(m.r)) & h.key)) continue;
+          if (m.bye) continue;
+          if (m.dead || now - m.last_heard > timeout) ++dead;
+        }
+        return reply(n->conn, h.req_id, errc::ok, {}, dead);
+      }
+      case wire::cmd::leave:
+        n->left = true;
+        reply(n->conn, h.req_id, errc::ok, {});
+        broadcast_left(*n);
+        return check_barrier();
+      case wire::cmd::bye:
+        n->bye = true;
+        n->left = true;
+        detail::log_info("scheduler", detail::node_name(n->id) + " said bye");
+        reply(n->conn, h.req_id, errc::ok, {});
+        check_barrier();
+        return check_end();
+      default:
+        throw error(errc::protocol, "unexpected command " + std::to_string(static_cast<int>(h.command)) +
+                                        " at the scheduler");
+    }
+  }
+
+  void on_register(transport::connection& c, const wire::header& h, const std::string& meta) {
+    wire::meta_reader r(meta);
+    auto rr = static_cast<int>(r.u32());
+    if (rr != static_cast<int>(role::server) && rr != static_cast<int>(role::worker))
+      throw error(errc::protocol, "registration with an unknown role");
+    node n;
+    n.r = static_cast<role>(rr);
+    n.rank = static_cast<int>(r.i64());  // hint, -1 for none
+    n.host = r.str();
+    n.port = static_cast<std::uint16_t>(r.u32());
+    if (n.host.empty()) {
+      auto rem = c.remote();
+      n.host = rem.substr(0, rem.rfind(':'));
+    }
+    n.last_heard = clock::now();
+    std::shared_ptr<transport::connection> self;
+    for (auto it = pending_.begin(); it != pending_.end(); ++it)
+      if (it->get() == &c) {
+        self = *it;
+        pending_.erase(it);
+        break;
+      }
+    n.conn = self;
+    const int want = n.r == role::server ? opts_.num_servers : opts_.num_workers;
+    if (gathered_ || count(n.r) >= want) {
+      reply(self, h.req_id, errc::invalid_argument,
+            std::string("the job already has all its ") + detail::role_name(n.r) + "s");
+      self->close("surplus node");
+      return;
+    }
+    nodes_.push_back(std::move(n));
+    reg_req_[self.get()] = h.req_id;
+    if (count(role::server) == opts_.num_servers && count(role::worker) == opts_.num_workers)
+      gather();
+  }
+
+  // Everyone is here: assign ranks (hints first, then arrival order) and send the address book.
+  void gather() {
+    gathered_ = true;
+    for (role r : {role::server, role::worker}) {
+      const int total = r == role::server ? opts_.num_servers : opts_.num_workers;
+      std::vector<bool> taken(static_cast<std::size_t>(total), false);
+      std::vector<node*> unplaced;
+      for (auto& n : nodes_) {
+        if (n.r != r) continue;
+        if (n.rank >= 0 && n.rank < total && !taken[static_cast<std::size_t>(n.rank)])
+          taken[static_cast<std::size_t>(n.rank)] = true;
+        else
+          unplaced.push_back(&n);
+      }
+      int next = 0;
+      for (node* n : unplaced) {
+        while (taken[static_cast<std::size_t>(next)]) ++next;
+        n->rank = next;
+        taken[static_cast<std::size_t>(next)] = true;
+      }
+      for (auto& n : nodes_)
+        if (n.r == r) n.id = r == role::server ? detail::server_id(n.rank) : detail::worker_id(n.rank);
+    }
+    wire::meta_writer w;
+    w.u32(static_cast<std::uint32_t>(opts_.num_workers)).u32(static_cast<std::uint32_t>(opts_.num_servers));
+    std::vector<const node*> servers(static_cast<std::size_t>(opts_.num_servers));
+    for (auto& n : nodes_)
+      if (n.r == role::server) servers[static_cast<std::size_t>(n.rank)] = &n;
+    for (auto* s : servers) w.u32(static_cast<std::uint32_t>(s->rank)).u32(static_cast<std::uint32_t>(s->id)).str(s->host).u32(s->port);
+    std::string book = w.take();
+    for (auto& n : nodes_) {
+      n.conn->peer_id = n.id;
+      n.conn->peer_rank = n.rank;
+      n.conn->peer_role = static_cast<int>(n.r);
+      transport::out_frame f;
+      f.h.command = wire::cmd::address_book;
+      f.h.req_id = reg_req_[n.conn.get()];
+      f.h.key = static_cast<std::uint64_t>(n.id);
+      f.h.aux = static_cast<std::uint64_t>(n.rank);
+      f.h.sender = detail::scheduler_id;
+      f.meta = book;
+      n.conn->send(std::move(f));
+      n.last_heard = clock::now();
+    }
+    detail::log_info("scheduler", "job gathered: " + std::to_string(opts_.num_servers) + " servers, " +
+                                      std::to_string(opts_.num_workers) + " workers");
+  }
+
+  void check_barrier() {
+    if (barrier_.empty()) return;
+    std::string dead;
+    int live = 0;
+    for (auto& n : nodes_) {
+      if (n.r != role::worker || n.left) continue;
+      if (n.dead) dead += (dead.empty() ? "" : ", ") + detail::node_name(n.id);
+      else ++live;
+    }
+    if (!dead.empty()) {
+      for (auto& [id, req] : barrier_)
+        if (auto* n = by_id(id)) reply(n->conn, req, errc::node_dead, "barrier cannot complete: " + dead + " died");
+      barrier_.clear();
+      return;
+    }
+    int waiting = 0;
+    for (auto& [id, req] : barrier_)
+      if (auto* n = by_id(id); n && !n->left) ++waiting;
+    if (waiting < live) return;
+    for (auto& [id, req] : barrier_)
+      if (auto* n = by_id(id)) reply(n->conn, req, errc::ok, {});
+    barrier_.clear();
+  }
+
+  node* by_id(int id) {
+    for (auto& n : nodes_)
+      if (n.id == id) return &n;
+    return nullptr;
+  }
+
+  void mark_dead(node& n, const std::string& why) {
+    if (n.dead || n.bye) return;
+    n.dead = true;
+    detail::log_warn("scheduler", detail::node_name(n.id) + " is dead: " + why);
+    for (auto& m : nodes_) {
+      if (&m == &n || m.dead || !m.conn) continue;
+      transport::out_frame f;
+      f.h.command = wire::cmd::node_dead;
+      f.h.key = static_cast<std::uint64_t>(n.id);
+      f.h.sender = detail::scheduler_id;
+      f.meta = why;
+      m.conn->send(std::move(f));
+    }
+    check_barrier();
+    check_end();
+  }
+
+  void broadcast_left(const node& n) {
+    for (auto& m : nodes_) {
+      if (m.r != role::server || m.dead || !m.conn) continue;
+      transport::out_frame f;
+      f.h.command = wire::cmd::leave;
+      f.h.key = static_cast<std::uint64_t>(n.id);
+      f.h.aux = static_cast<std::uint64_t>(n.rank);
+      f.h.sender = detail::scheduler_id;
+      m.conn->send(std::move(f));
+    }
+  }
+
+  // The job ends when no worker is left running.
+  void check_end() {
+    if (!gathered_ || ending_) return;
+    for (auto& n : nodes_)
+      if (n.r == role::worker && !n.bye && !n.dead) return;
+    ending_ = true;
+    detail::log_info("scheduler", "every worker is gone: shutting the servers down");
+    for (auto& n : nodes_) {
+      if (n.r != role::server || n.dead || !n.conn) continue;
+      transport::out_frame f;
+      f.h.command = wire::cmd::shutdown;
+      f.h.sender = detail::scheduler_id;
+      n.conn->send(std::move(f));
+    }
+    // Give the frames a moment to leave, then stop.
+    timer_.expires_after(std::chrono::milliseconds(200));
+    timer_.async_wait([this](boost::system::error_code) { finish(); });
+  }
+
+  void finish() {
+    if (done_) return;
+    done_ = true;
+    boost::system::error_code ec;
+    acceptor_.close(ec);
+    timer_.cancel();
+    for (auto& n : nodes_)
+      if (n.conn) n.conn->close("job over");
+    for (auto& c : pending_) c->close("job over");
+    // Let the closes run, then return from run().
+    transport::asio::post(io_, [this] { io_.stop(); });
+  }
+
+  void on_close(transport::connection& c, const std::string& reason) override {
+    for (auto it = pending_.begin(); it != pending_.end(); ++it)
+      if (it->get() == &c) {
+        if (reason != "job over") detail::log_warn("scheduler", "dropped connection from " + c.remote() + ": " + reason);
+        pending_.erase(it);
+        return;
+      }
+    node* n = find(c);
+    if (!n || done_) return;
+    if (!gathered_) {
+      // A node that leaves before the job gathered simply is not part of it.
+      detail::log_warn("scheduler", std::string("a ") + detail::role_name(n->r) + " left before the job gathered: " + reason);
+      for (auto it = nodes_.begin(); it != nodes_.end(); ++it)
+        if (&*it == n) {
+          nodes_.erase(it);
+          break;
+        }
+      return;
+    }
+    if (!n->bye) mark_dead(*n, "connection lost (" + reason + ")");
+  }
+
+  void reply(const std::shared_ptr<transport::connection>& c, std::uint64_t req, errc status,
+             std::string msg, std::uint64_t aux = 0) {
+    if (!c) return;
+    transport::out_frame f;
+    f.h.command = wire::cmd::response;
+    f.h.req_id = req;
+    f.h.status = static_cast<std::uint32_t>(status);
+    f.h.sender = detail::scheduler_id;
+    f.h.aux = aux;
+    f.meta = std::move(msg);
+    c->send(std::move(f));
+  }
+
+  dist_options opts_;
+  transport::asio::io_context io_;
+  transport::tcp::acceptor acceptor_;
+  transport::asio::steady_timer timer_;
+  std::set<std::shared_ptr<transport::connection>> pending_;  // not registered yet
+  std::vector<node> nodes_;
+  std::map<transport::connection*, std::uint64_t> reg_req_;
+  std::vector<std::pair<int, std::uint64_t>> barrier_;
+  clock::time_point start_;
+  bool gathered_ = false;
+  bool ending_ = false;
+  bool done_ = false;
+  std::string failure_;
+};
+
+}  // namespace kvstore

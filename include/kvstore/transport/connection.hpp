@@ -1,0 +1,337 @@
+// One framed TCP connection over Boost.Asio: a buffered frame reader that hands payloads to a
+// sink chosen by the owner (so a pull's answer lands straight in the caller's buffer), and a send
+// queue ordered by (priority desc, sequence asc) whose frames are written with scatter/gather
+// straight from the caller's buffers. All socket work happens on the connection's executor
+// (one io thread per process); send() may be called from any thread.
+#pragma once
+
+#include <kvstore/error.hpp>
+#include <kvstore/wire/frame.hpp>
+
+#include <boost/asio.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <cstddef>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <queue>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvstore::transport {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+/// One frame to send. `payload` points at bytes kept alive by `keep` (or by the caller's op rule).
+struct out_frame {
+  wire::header h;
+  std::string meta;
+  const std::byte* payload = nullptr;
+  std::size_t payload_len = 0;
+  std::shared_ptr<const void> keep;
+};
+
+class connection;
+
+/// What the owner of a connection (worker, server, scheduler) implements.
+class frame_handler {
+ public:
+  virtual ~frame_handler() = default;
+  /// Where the payload of `h` should be read to; an empty span lets the connection use its own
+  /// buffer. A non-empty span must be exactly h.payload_len bytes and stay valid until on_frame.
+  virtual std::span<std::byte> payload_sink(connection&, const wire::header&) { return {}; }
+  /// A whole frame arrived. Throwing a kvstore::error closes this connection with that reason.
+  virtual void on_frame(connection&, const wire::header&, std::string meta,
+                        std::span<const std::byte> payload) = 0;
+  /// The connection closed (by the peer, an error, or close()); called once.
+  virtual void on_close(connection&, const std::string& reason) = 0;
+};
+
+class connection : public std::enable_shared_from_this<connection> {
+ public:
+  connection(tcp::socket sock, frame_handler& handler, wire::limits lim,
+             std::size_t gather_bytes = std::size_t{1} << 20)
+      : sock_(std::move(sock)), handler_(&handler), limits_(lim), gather_bytes_(gather_bytes) {
+    boost::system::error_code ec;
+    sock_.set_option(tcp::no_delay(true), ec);
+    try {
+      remote_ = sock_.remote_endpoint().address().to_string() + ":" +
+                std::to_string(sock_.remote_endpoint().port());
+    } catch (...) {
+      remote_ = "?";
+    }
+    rbuf_.resize(64 * 1024);
+  }
+
+  /// Starts reading. Call once, after the owner has stored the shared_ptr.
+  void start() {
+    asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->read_more(); });
+  }
+
+  /// Queues a frame; thread-safe. Frames of equal priority go out in the order queued.
+  void send(out_frame f) {
+    f.h.payload_len = f.payload_len;
+    f.h.meta_len = static_cast<std::uint32_t>(f.meta.size());
+    bool start = false;
+    {
+      std::lock_guard lk(qm_);
+      if (closed_) return;
+      queue_.push(queued{std::move(f), seq_++});
+      if (!writing_) {
+        writing_ = true;
+        start = true;
+      }
+    }
+    if (start)
+      asio::post(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
+  }
+
+  /// Closes the connection (from any thread); the handler's on_close runs once with `reason`.
+  void close(std::string reason) {
+    asio::post(sock_.get_executor(),
+               [self = shared_from_this(), reason = std::move(reason)] { self->fail(reason); });
+  }
+
+  bool is_closed() const noexcept { return closed_flag_.load(); }
+  const std::string& remote() const noexcept { return remote_; }
+  tcp::socket::executor_type executor() { return sock_.get_executor(); }
+
+  /// Owner's tag for the peer (role, rank, node id), set after its hello.
+  int peer_id = -1;
+  int peer_rank = -1;
+  int peer_role = -1;
+  bool said_bye = false;
+
+ private:
+  struct queued {
+    out_frame f;
+    std::uint64_t seq;
+  };
+  struct queued_less {
+    bool operator()(const queued& a, const queued& b) const noexcept {
+      if (a.f.h.priority != b.f.h.priority) return a.f.h.priority < b.f.h.priority;
+      return a.seq > b.seq;
+    }
+  };
+
+  // ---- reading ------------------------------------------------------------------------------
+  void read_more() {
+    if (closed_flag_) return;
+    if (rend_ == rbuf_.size()) {
+      // Compact so the next header fits.
+      std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, rend_ - rbeg_);
+      rend_ -= rbeg_;
+      rbeg_ = 0;
+    }
+    sock_.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
+                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                            if (ec) return self->fail(ec == asio::error::eof
+                                                          ? "closed by peer"
+                                                          : "read: " + ec.message());
+                            self->rend_ += n;
+                            self->parse();
+                          });
+  }
+
+  // Parses as many whole frames as the buffer holds; reads big payloads straight to their sink.
+  void parse() {
+    for (;;) {
+      if (closed_flag_) return;
+      std::size_t avail = rend_ - rbeg_;
+      if (stage_ == stage::header) {
+        if (avail < wire::header_size) {
+          if (rbeg_ > 0 && rbuf_.size() - rbeg_ < wire::header_size) {
+            std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, avail);
+            rend_ = avail;
+            rbeg_ = 0;
+          }
+          return read_more();
+        }
+        std::string why;
+        if (!wire::decode(rbuf_.data() + rbeg_, cur_, limits_, why))
+          return fail("bad frame from " + remote_ + ": " + why);
+        rbeg_ += wire::header_size;
+        meta_.clear();
+        stage_ = stage::meta;
+        continue;
+      }
+      if (stage_ == stage::meta) {
+        std::size_t want = cur_.meta_len - meta_.size();
+        std::size_t take = std::min(want, avail);
+        meta_.append(reinterpret_cast<const char*>(rbuf_.data() + rbeg_), take);
+        rbeg_ += take;
+        if (meta_.size() < cur_.meta_len) return read_more();
+        // Meta complete: choose the payload's destination.
+        try {
+          sink_ = handler_->payload_sink(*this, cur_);
+        } catch (const std::exception& e) {
+          return fail(std::string("refused frame: ") + e.what());
+        }
+        if (sink_.size() != cur_.payload_len) {
+          own_.resize(cur_.payload_len);
+          sink_ = std::span<std::byte>(own_.data(), own_.size());
+        }
+        got_ = 0;
+        stage_ = stage::payload;
+        continue;
+      }
+      // stage::payload
+      std::size_t want = cur_.payload_len - got_;
+      std::size_t take = std::min(want, avail);
+      if (take) std::memcpy(sink_.data() + got_, rbuf_.data() + rbeg_, take);
+      rbeg_ += take;
+      got_ += take;
+      if (got_ < cur_.payload_len) {
+        // The rest goes straight into the sink, no staging copy.
+        rbeg_ = rend_ = 0;
+        asio::async_read(sock_, asio::buffer(sink_.data() + got_, cur_.payload_len - got_),
+                         [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                           if (ec) return self->fail("read: " + ec.message());
+                           self->got_ += n;
+                           self->deliver();
+                           self->parse();
+                         });
+        return;
+      }
+      deliver();
+    }
+  }
+
+  void deliver() {
+    stage_ = stage::header;
+    auto payload = std::span<const std::byte>(sink_.data(), cur_.payload_len);
+    try {
+      handler_->on_frame(*this, cur_, std::move(meta_), payload);
+    } catch (const std::exception& e) {
+      fail(std::string("refused frame: ") + e.what());
+    }
+    meta_.clear();
+    if (own_.capacity() > (std::size_t{4} << 20)) std::vector<std::byte>().swap(own_);
+  }
+
+  // ---- writing ------------------------------------------------------------------------------
+  void write_more() {
+    std::vector<asio::const_buffer> bufs;
+    {
+      std::lock_guard lk(qm_);
+      if (closed_ || queue_.empty()) {
+        writing_ = false;
+        return;
+      }
+      // Gather frames, highest priority first, up to about gather_bytes_: a later
+      // higher-priority frame waits for at most this much.
+      std::size_t bytes = 0;
+      inflight_.clear();
+      while (!queue_.empty() && inflight_.size() < 64 && (inflight_.empty() || bytes < gather_bytes_)) {
+        inflight_.push_back(std::move(const_cast<queued&>(queue_.top()).f));
+        queue_.pop();
+        bytes += inflight_.back().payload_len + inflight_.back().meta.size() + wire::header_size;
+      }
+    }
+    hdrs_.resize(inflight_.size());
+    for (std::size_t i = 0; i < inflight_.size(); ++i) {
+      auto& f = inflight_[i];
+      hdrs_[i] = wire::encode(f.h);
+      bufs.emplace_back(hdrs_[i].data(), hdrs_[i].size());
+      if (!f.meta.empty()) bufs.emplace_back(f.meta.data(), f.meta.size());
+      if (f.payload_len) bufs.emplace_back(f.payload, f.payload_len);
+    }
+    asio::async_write(sock_, bufs, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+      self->inflight_.clear();
+      if (ec) return self->fail("write: " + ec.message());
+      self->write_more();
+    });
+  }
+
+  void fail(const std::string& reason) {
+    if (closed_flag_.exchange(true)) return;
+    {
+      std::lock_guard lk(qm_);
+      closed_ = true;
+      while (!queue_.empty()) queue_.pop();
+    }
+    boost::system::error_code ec;
+    sock_.shutdown(tcp::socket::shutdown_both, ec);
+    sock_.close(ec);
+    handler_->on_close(*this, reason);
+  }
+
+  enum class stage { header, meta, payload };
+
+  tcp::socket sock_;
+  frame_handler* handler_;
+  wire::limits limits_;
+  std::size_t gather_bytes_;
+  std::string remote_;
+
+  std::vector<std::byte> rbuf_;
+  std::size_t rbeg_ = 0, rend_ = 0;
+  stage stage_ = stage::header;
+  wire::header cur_;
+  std::string meta_;
+  std::span<std::byte> sink_;
+  std::vector<std::byte> own_;
+  std::size_t got_ = 0;
+
+  std::mutex qm_;
+  std::priority_queue<queued, std::vector<queued>, queued_less> queue_;
+  std::uint64_t seq_ = 0;
+  bool writing_ = false;
+  bool closed_ = false;
+  std::atomic<bool> closed_flag_{false};
+  std::vector<out_frame> inflight_;
+  std::vector<wire::header_bytes> hdrs_;
+};
+
+/// Connects to host:port, retrying refused connections until the deadline (the peer may not be
+/// listening yet). Runs on the caller's thread with its own short-lived io_context per attempt.
+inline tcp::socket connect_with_retry(asio::io_context& io, const std::string& host,
+                                      std::uint16_t port, std::chrono::milliseconds timeout,
+                                      const std::string& what) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string last = "no attempt";
+  for (int attempt = 0;; ++attempt) {
+    asio::io_context tmp;
+    tcp::socket s(tmp);
+    boost::system::error_code ec;
+    tcp::resolver r(tmp);
+    auto eps = r.resolve(host, std::to_string(port), ec);
+    if (!ec) {
+      bool done = false;
+      asio::steady_timer t(tmp);
+      auto left = deadline - std::chrono::steady_clock::now();
+      t.expires_after(std::max<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(1)));
+      asio::async_connect(s, eps, [&](boost::system::error_code e, const tcp::endpoint&) {
+        ec = e;
+        done = true;
+        t.cancel();
+      });
+      t.async_wait([&](boost::system::error_code e) {
+        if (!e && !done) s.close();
+      });
+      tmp.run();
+      if (!ec && s.is_open()) {
+        // Move the connected descriptor onto the caller's io_context.
+        auto proto = s.local_endpoint().protocol();
+        int fd = s.release();
+        return tcp::socket(io, proto, fd);
+      }
+    }
+    last = ec ? ec.message() : "timed out";
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 * (attempt + 1), 250)));
+  }
+  throw error(errc::unreachable, "cannot reach " + what + " at " + host + ":" +
+                                     std::to_string(port) + " within " +
+                                     std::to_string(timeout.count()) + " ms (" + last + ")");
+}
+
+}  // namespace kvstore::transport

@@ -1,0 +1,196 @@
+// The wire format, all of it in this one file (as Beast keeps websocket/detail/frame.hpp).
+//
+// A frame is a fixed 80-byte little-endian header, then `meta_len` bytes of metadata (row ids,
+// names, serialized control messages), then `payload_len` bytes of raw payload (tensor bytes,
+// never serialized element by element). Every field is validated before anything is allocated.
+#pragma once
+
+#include <kvstore/error.hpp>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+namespace kvstore::wire {
+
+inline constexpr std::uint32_t magic = 0x314B564Bu;  // "KVK1" in memory order
+inline constexpr std::uint16_t version = 1;
+inline constexpr std::size_t header_size = 80;
+/// Metadata is small (row ids, names, control messages); bigger is refused.
+inline constexpr std::uint64_t max_meta_default = std::uint64_t{64} << 20;
+
+enum class cmd : std::uint16_t {
+  hello = 1,        ///< first frame on a connection: role, rank, node id (meta: token proof)
+  challenge,        ///< server -> client: nonce to answer (auth)
+  reg,              ///< node -> scheduler: register (meta: host, port)
+  address_book,     ///< scheduler -> node: ids, ranks, servers' addresses (meta)
+  barrier,          ///< worker -> scheduler; answered with response
+  heartbeat,        ///< node -> scheduler
+  bye,              ///< worker -> scheduler/servers: leaving cleanly
+  shutdown,         ///< scheduler -> nodes: the job is over
+  node_dead,        ///< scheduler -> nodes: `key` = the dead node's id
+  dead_count,       ///< worker -> scheduler: count dead nodes (key = groups, total = timeout ms)
+  init,             ///< worker -> server: a slice of a key's initial value
+  push,             ///< worker -> server: a chunk of a key's value or gradient
+  pull,             ///< worker -> server: ask for a key's slice
+  push_rows,        ///< worker -> server: rows (meta: int64 row ids) and their values
+  pull_rows,        ///< worker -> server: ask for rows (meta: int64 row ids)
+  set_optimizer,    ///< worker -> server (meta: name '\0' params)
+  command,          ///< worker -> server: user command (key = head, meta = body)
+  save_states,      ///< worker -> server: answer with the shard's optimizer states
+  load_states,      ///< worker -> server: replace the shard's optimizer states
+  response,         ///< answer to a request: same req_id; status = errc; meta = message on error
+  data,             ///< server -> worker: a chunk of a pull's answer (offset in `offset`)
+  leave,            ///< worker -> servers/scheduler: no more rounds from this worker
+  last_ = leave,
+};
+
+/// Element types on the wire.
+enum class dtype : std::uint32_t { none = 0, f32 = 1, f64 = 2 };
+
+inline std::size_t dtype_size(dtype t) noexcept {
+  return t == dtype::f32 ? 4 : t == dtype::f64 ? 8 : 0;
+}
+template <class T>
+constexpr dtype dtype_of() noexcept {
+  if constexpr (std::is_same_v<T, float>) return dtype::f32;
+  else if constexpr (std::is_same_v<T, double>) return dtype::f64;
+  else return dtype::none;
+}
+
+/// Frame flags.
+enum flag : std::uint32_t {
+  flag_last = 1u << 0,     ///< last chunk of this request from this sender
+  flag_has_data = 1u << 1, ///< init: this chunk carries the value (rank 0)
+  flag_rows = 1u << 2,     ///< data: the answer of a pull_rows
+};
+
+struct header {
+  cmd command = cmd::response;
+  std::uint32_t flags = 0;
+  std::uint32_t meta_len = 0;
+  std::uint64_t payload_len = 0;
+  std::uint64_t key = 0;
+  std::uint64_t req_id = 0;
+  std::uint64_t offset = 0;   ///< element offset within the key (data frames)
+  std::uint64_t total = 0;    ///< the key's element count, or a command's argument
+  std::int32_t priority = 0;
+  std::int32_t sender = 0;    ///< node id of the sender
+  dtype type = dtype::none;
+  std::uint32_t status = 0;   ///< errc of a response
+  std::uint64_t aux = 0;      ///< row length (init), round, or a command's second argument
+};
+
+namespace detail {
+inline void put16(std::byte* p, std::uint16_t v) {
+  for (int i = 0; i < 2; ++i) p[i] = std::byte(v >> (8 * i));
+}
+inline void put32(std::byte* p, std::uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = std::byte(v >> (8 * i));
+}
+inline void put64(std::byte* p, std::uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = std::byte(v >> (8 * i));
+}
+inline std::uint16_t get16(const std::byte* p) {
+  return static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) |
+                                    (std::to_integer<unsigned>(p[1]) << 8));
+}
+inline std::uint32_t get32(const std::byte* p) {
+  std::uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | std::to_integer<std::uint32_t>(p[i]);
+  return v;
+}
+inline std::uint64_t get64(const std::byte* p) {
+  std::uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | std::to_integer<std::uint64_t>(p[i]);
+  return v;
+}
+}  // namespace detail
+
+using header_bytes = std::array<std::byte, header_size>;
+
+/// Layout: magic u32 | version u16 | cmd u16 | flags u32 | meta_len u32 | payload_len u64 |
+/// key u64 | req_id u64 | offset u64 | total u64 | priority i32 | sender i32 | dtype u32 |
+/// status u32 | aux u64  = 80 bytes.
+inline header_bytes encode(const header& h) {
+  header_bytes b{};
+  std::byte* p = b.data();
+  detail::put32(p + 0, magic);
+  detail::put16(p + 4, version);
+  detail::put16(p + 6, static_cast<std::uint16_t>(h.command));
+  detail::put32(p + 8, h.flags);
+  detail::put32(p + 12, h.meta_len);
+  detail::put64(p + 16, h.payload_len);
+  detail::put64(p + 24, h.key);
+  detail::put64(p + 32, h.req_id);
+  detail::put64(p + 40, h.offset);
+  detail::put64(p + 48, h.total);
+  detail::put32(p + 56, static_cast<std::uint32_t>(h.priority));
+  detail::put32(p + 60, static_cast<std::uint32_t>(h.sender));
+  detail::put32(p + 64, static_cast<std::uint32_t>(h.type));
+  detail::put32(p + 68, h.status);
+  detail::put64(p + 72, h.aux);
+  return b;
+}
+
+/// Limits a decoder enforces before anything is allocated.
+struct limits {
+  std::uint64_t max_payload = std::uint64_t{1} << 30;
+  std::uint64_t max_meta = max_meta_default;
+};
+
+/// Decodes and validates a header. On failure returns false and says why in `why`; the caller
+/// closes that connection (and only that one) with the reason logged.
+inline bool decode(const std::byte* p, header& h, const limits& lim, std::string& why) {
+  if (detail::get32(p) != magic) {
+    why = "bad magic";
+    return false;
+  }
+  if (auto v = detail::get16(p + 4); v != version) {
+    why = "protocol version " + std::to_string(v) + " (expected " + std::to_string(version) + ")";
+    return false;
+  }
+  auto c = detail::get16(p + 6);
+  if (c < static_cast<std::uint16_t>(cmd::hello) || c > static_cast<std::uint16_t>(cmd::last_)) {
+    why = "unknown command " + std::to_string(c);
+    return false;
+  }
+  h.command = static_cast<cmd>(c);
+  h.flags = detail::get32(p + 8);
+  h.meta_len = detail::get32(p + 12);
+  h.payload_len = detail::get64(p + 16);
+  h.key = detail::get64(p + 24);
+  h.req_id = detail::get64(p + 32);
+  h.offset = detail::get64(p + 40);
+  h.total = detail::get64(p + 48);
+  h.priority = static_cast<std::int32_t>(detail::get32(p + 56));
+  h.sender = static_cast<std::int32_t>(detail::get32(p + 60));
+  auto t = detail::get32(p + 64);
+  if (t > static_cast<std::uint32_t>(dtype::f64)) {
+    why = "unknown element type " + std::to_string(t);
+    return false;
+  }
+  h.type = static_cast<dtype>(t);
+  h.status = detail::get32(p + 68);
+  h.aux = detail::get64(p + 72);
+  if (h.meta_len > lim.max_meta) {
+    why = "metadata of " + std::to_string(h.meta_len) + " bytes exceeds the limit of " +
+          std::to_string(lim.max_meta);
+    return false;
+  }
+  if (h.payload_len > lim.max_payload) {
+    why = "payload of " + std::to_string(h.payload_len) + " bytes exceeds the limit of " +
+          std::to_string(lim.max_payload);
+    return false;
+  }
+  if (h.payload_len != 0 && h.type != dtype::none && h.payload_len % dtype_size(h.type) != 0) {
+    why = "payload of " + std::to_string(h.payload_len) + " bytes is not a whole number of elements";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace kvstore::wire
