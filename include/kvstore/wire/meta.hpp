@@ -61,6 +61,13 @@ class meta_reader {
     pos_ += n;
     return v;
   }
+  /// The next n raw bytes.
+  std::string_view bytes(std::size_t n) {
+    need(n);
+    auto v = s_.substr(pos_, n);
+    pos_ += n;
+    return v;
+  }
   std::size_t remaining() const noexcept { return s_.size() - pos_; }
   bool done() const noexcept { return pos_ == s_.size(); }
 

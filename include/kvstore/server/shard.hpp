@@ -1,0 +1,116 @@
+// One server's shard of the model: for each key the slice [lo, hi) of its elements this server
+// owns, the value, the optimizer state, and the sync round being gathered. No networking here:
+// the server feeds it decoded requests and it says what to answer.
+#pragma once
+
+#include <kvstore/error.hpp>
+#include <kvstore/optim/all.hpp>
+#include <kvstore/wire/frame.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace kvstore::detail {
+
+/// Calls f.template operator()<T>() with T the element type of `t`.
+template <class F>
+decltype(auto) with_dtype(wire::dtype t, F&& f) {
+  if (t == wire::dtype::f64) return f.template operator()<double>();
+  return f.template operator()<float>();
+}
+
+using bytes = std::vector<std::byte>;
+
+/// Element ranges [begin, end) written so far in a sync round (relative to the slice), merged.
+class coverage {
+ public:
+  /// Calls copy(b, e) for the parts of [a, b) not yet written, add(b, e) for the parts already
+  /// written, then marks [a, b) written.
+  template <class Copy, class Add>
+  void contribute(std::uint64_t a, std::uint64_t b, Copy&& copy, Add&& add) {
+    std::uint64_t pos = a;
+    auto it = ranges_.upper_bound(a);
+    if (it != ranges_.begin()) --it;
+    while (pos < b) {
+      while (it != ranges_.end() && it->second <= pos) ++it;
+      if (it == ranges_.end() || it->first >= b) {
+        copy(pos, b);
+        break;
+      }
+      if (it->first > pos) {
+        copy(pos, it->first);
+        pos = it->first;
+      }
+      const std::uint64_t e = std::min(b, it->second);
+      add(pos, e);
+      pos = e;
+    }
+    std::uint64_t na = a, nb = b;
+    auto j = ranges_.upper_bound(a);
+    if (j != ranges_.begin()) {
+      auto p = std::prev(j);
+      if (p->second >= a) {
+        na = p->first;
+        nb = std::max(nb, p->second);
+        j = p;
+      }
+    }
+    while (j != ranges_.end() && j->first <= nb) {
+      nb = std::max(nb, j->second);
+      j = ranges_.erase(j);
+    }
+    ranges_[na] = nb;
+  }
+  const std::map<std::uint64_t, std::uint64_t>& ranges() const noexcept { return ranges_; }
+  void clear() noexcept { ranges_.clear(); }
+  bool empty() const noexcept { return ranges_.empty(); }
+
+ private:
+  std::map<std::uint64_t, std::uint64_t> ranges_;
+};
+
+/// Where an answer goes: the asking connection (it may be gone) and its request id.
+template <class Conn>
+struct reply_to {
+  std::weak_ptr<Conn> conn;
+  std::uint64_t req_id = 0;
+};
+
+/// One key's slice on this server.
+template <class Conn>
+struct key_slice {
+  std::uint64_t key = 0;
+  wire::dtype type = wire::dtype::none;
+  std::uint64_t total = 0, lo = 0, hi = 0, row_length = 0;
+  std::shared_ptr<bytes> value;  // shared with pull answers in flight: copy on write
+  bool inited = false;
+  std::set<int> init_done;  // workers whose init arrived
+  std::vector<reply_to<Conn>> init_waiters;
+
+  // The sync round being gathered.
+  bytes merge;
+  coverage cov;
+  std::set<int> round_done;
+  std::vector<reply_to<Conn>> round_waiters;
+  std::uint64_t round = 0;
+
+  optim::state<float> st_f;
+  optim::state<double> st_d;
+
+  std::size_t elem() const { return wire::dtype_size(type); }
+  std::uint64_t size() const { return hi - lo; }
+
+  /// The value, copied first if a pull answer still reads the current one.
+  bytes& mutable_value() {
+    if (value.use_count() > 1) value = std::make_shared<bytes>(*value);
+    return *value;
+  }
+};
+
+}  // namespace kvstore::detail
