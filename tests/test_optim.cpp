@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <locale>
 #include <optional>
 #include <string>
 #include <thread>
@@ -265,6 +266,20 @@ TEST_CASE("registration is idempotent and refuses a second type under a taken na
   optim::state<float> st;
   u.apply(0, std::vector<float>{1}, w, st);
   CHECK(w[0] == doctest::Approx(0.99f));
+}
+
+TEST_CASE("parameters travel in the classic locale whatever the global one" *
+          doctest::timeout(60)) {
+  // A worker whose global locale writes decimal commas must still be understood by a server.
+  struct comma : std::numpunct<char> {
+    char do_decimal_point() const override { return ','; }
+  };
+  const std::locale old = std::locale::global(std::locale(std::locale::classic(), new comma));
+  const auto made = optim::make_updater<double>(optim::sgd{.learning_rate = 0.5});
+  const auto back = optim::create_updater<double>("sgd", made.params);
+  std::locale::global(old);
+  CHECK(made.params.find(',') == std::string::npos);
+  CHECK(back.params == optim::make_updater<double>(optim::sgd{.learning_rate = 0.5}).params);
 }
 
 namespace thread_test {

@@ -76,10 +76,12 @@ inline void write_file_atomically(const std::filesystem::path& path, std::string
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   // Unique among processes (pid) and threads (counter); O_EXCL guards against the rest.
   static std::atomic<unsigned> counter{0};
+  // Keep the temporary name within NAME_MAX even for a long file name.
+  const std::string base = path.filename().string().substr(0, 200);
   fs::path tmp;
   int fd = -1;
   for (int attempt = 0; fd < 0; ++attempt) {
-    tmp = dir / ("." + path.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+    tmp = dir / ("." + base + ".tmp." + std::to_string(::getpid()) + "." +
                  std::to_string(counter.fetch_add(1)));
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0 && (errno != EEXIST || attempt >= 100)) {

@@ -4,7 +4,9 @@
 
 #include <kvstore/optim/adagrad.hpp>
 #include <kvstore/optim/adam.hpp>
+#include <kvstore/optim/grad.hpp>
 #include <kvstore/optim/optimizer.hpp>
 #include <kvstore/optim/registry.hpp>
 #include <kvstore/optim/sgd.hpp>
 #include <kvstore/optim/state_file.hpp>
+#include <kvstore/optim/state_serialization.hpp>

@@ -15,6 +15,7 @@
 #include <boost/archive/text_oarchive.hpp>
 
 #include <exception>
+#include <locale>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -30,6 +31,9 @@ namespace kvstore::optim {
 template <registered_optimizer O>
 std::string serialize_params(const O& o) {
   std::ostringstream os;
+  // The classic locale on both ends: a worker whose global locale writes "0,5" must still be
+  // understood by a server that reads "0.5".
+  os.imbue(std::locale::classic());
   {
     boost::archive::text_oarchive oa(os, boost::archive::no_header);
     oa << o;
@@ -64,6 +68,7 @@ O deserialize_params(std::string_view name, std::string_view params) {
   O o{};
   try {
     std::istringstream is{std::string(params)};
+    is.imbue(std::locale::classic());
     boost::archive::text_iarchive ia(is, boost::archive::no_header);
     ia >> o;
   } catch (const std::exception& e) {

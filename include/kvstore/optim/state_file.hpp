@@ -6,19 +6,21 @@
 //   magic "KVSTOPT\0" (8) | format version u32 | element size u8 | element is float u8 |
 //   reserved u16 (0) | optimizer name length u32 | name | payload length u64 | payload CRC-32 u32 |
 //   payload: boost::archive::binary_oarchive of std::map<std::uint64_t, key_state<T>>
+// The payload is in the machine's native binary format: a state file is for the machine (or an
+// identical one) that wrote it.
 #pragma once
 
 #include <kvstore/detail/atomic_file.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/fwd.hpp>
 #include <kvstore/optim/optimizer.hpp>
+#include <kvstore/optim/state_serialization.hpp>
 
 #include <boost/archive/binary_iarchive.hpp>
 #include <boost/archive/binary_oarchive.hpp>
 #include <boost/serialization/map.hpp>
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/utility.hpp>
-#include <boost/serialization/vector.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -46,12 +48,6 @@ struct key_state {
     ar & name & st;
   }
 };
-
-/// Boost.Serialization of state<T> (found by argument-dependent lookup).
-template <class Ar, class T>
-void serialize(Ar& ar, state<T>& s, unsigned /*version*/) {
-  ar & s.step & s.slots;
-}
 
 }  // namespace kvstore::optim
 
