@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
@@ -95,7 +96,9 @@ inline idx_array read_idx(const std::string& path, std::size_t expected_rank) {
                              ")");
   }
   if (magic[2] != 0x08) {
-    throw std::runtime_error("idx: " + path + ": element type 0x" + std::to_string(magic[2]) +
+    char code[8];
+    std::snprintf(code, sizeof code, "0x%02x", magic[2]);
+    throw std::runtime_error("idx: " + path + ": element type " + code +
                              " is not unsigned byte (0x08)");
   }
   if (magic[3] != expected_rank) {
