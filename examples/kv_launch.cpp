@@ -7,8 +7,8 @@
 // writes is echoed with a "[role rank] " prefix. Signals are forwarded, stragglers are terminated
 // after a grace period, and the exit code is that of the first process that failed.
 //
-// Deliberately standalone (plain C++20 + POSIX, no kvstore headers) so that it builds and works even
-// when the library does not, and so that it cannot be affected by the processes it supervises.
+// Deliberately standalone (plain C++20 + POSIX, no kvstore headers) so that it builds and works
+// even when the library does not, and so that it cannot be affected by the processes it supervises.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -67,7 +67,8 @@ constexpr std::string_view usage_text =
     "      --timeout SECONDS  terminate everything after this long and exit 124 (default: none)\n"
     "  -h, --help           show this help\n"
     "\n"
-    "Every child gets KVSTORE_SCHEDULER, KVSTORE_NUM_WORKERS, KVSTORE_NUM_SERVERS, KVSTORE_ROLE and\n"
+    "Every child gets KVSTORE_SCHEDULER, KVSTORE_NUM_WORKERS, KVSTORE_NUM_SERVERS, KVSTORE_ROLE "
+    "and\n"
     "KVSTORE_RANK (plus KVSTORE_TYPE with --type); the rest of the environment, KVSTORE_TOKEN\n"
     "included, is inherited. stdin of every child is /dev/null.\n"
     "SIGINT, SIGTERM and SIGHUP are forwarded to all children; a third one sends SIGKILL.\n"
@@ -264,17 +265,17 @@ std::optional<int> pick_free_port(std::string& error) {
 
 // One of a child's output pipes: bytes are collected until a newline, then echoed as one write.
 struct stream {
-  int fd = -1;       // read end, -1 once closed
-  int out_fd = -1;   // where the prefixed lines go (our stdout or stderr)
+  int fd = -1;      // read end, -1 once closed
+  int out_fd = -1;  // where the prefixed lines go (our stdout or stderr)
   std::string pending;
 };
 
 struct child {
   std::string label;  // "scheduler", "server 0", "worker 1"
   bool is_worker = false;
-  pid_t pid = -1;     // -1 if it never started
+  pid_t pid = -1;  // -1 if it never started
   bool running = false;
-  int status = 0;     // wait status once reaped
+  int status = 0;  // wait status once reaped
   stream out, err;
 };
 
@@ -439,8 +440,8 @@ std::string spawn_child(child& c, std::vector<std::string> argv_strings,
   posix_spawnattr_setsigmask(&attr, &empty);
   posix_spawnattr_setsigdefault(&attr, &defaults);
   posix_spawnattr_setpgroup(&attr, 0);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK |
-                                      POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setflags(&attr,
+                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
 
   auto argv = c_strings(argv_strings);
   auto envp = c_strings(env_strings);
@@ -482,7 +483,7 @@ bool install_signal_handlers(std::string& error) {
     error = "pipe: " + errno_text(errno);
     return false;
   }
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
@@ -538,8 +539,7 @@ class launcher {
 
  private:
   static clock_type::duration to_duration(double seconds) {
-    return std::chrono::duration_cast<clock_type::duration>(
-        std::chrono::duration<double>(seconds));
+    return std::chrono::duration_cast<clock_type::duration>(std::chrono::duration<double>(seconds));
   }
 
   // The scheduler first, then the servers, then the workers: the order in which they are needed.
@@ -555,8 +555,7 @@ class launcher {
       // Once one process cannot start the cluster cannot form; the rest are not started.
       if (failed_) return;
       auto env = child_environment(opt_, port, role, rank);
-      if (auto err = spawn_child(c, std::move(argv), std::move(env), STDOUT_FILENO,
-                                 STDERR_FILENO);
+      if (auto err = spawn_child(c, std::move(argv), std::move(env), STDOUT_FILENO, STDERR_FILENO);
           !err.empty()) {
         message("cannot start " + c.label + ": " + err);
         record_failure(exit_cannot_start);
@@ -580,7 +579,8 @@ class launcher {
   }
 
   bool any_running() const {
-    return std::any_of(children_.begin(), children_.end(), [](const child& c) { return c.running; });
+    return std::any_of(children_.begin(), children_.end(),
+                       [](const child& c) { return c.running; });
   }
   bool workers_running() const {
     return std::any_of(children_.begin(), children_.end(),

@@ -2,7 +2,6 @@
 // (written here to a temporary directory) and /bin/sh -c '...' as the worker program.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
-
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -199,10 +198,9 @@ TEST_CASE("children get the scheduler address, counts, role, rank, type and toke
                        server.string(), "--timeout", "50", "--", "/bin/sh", "-c", worker});
     CHECK(r.code == 0);
     auto out = by_prefix(r.out);
-    const std::string common =
-        "sched=127.0.0.1:45123 w=2 s=2 type=dist_async token=s3cret";
-    CHECK(out["scheduler"] == std::vector<std::string>{
-                                  "role=scheduler rank=none args=--role scheduler " + common});
+    const std::string common = "sched=127.0.0.1:45123 w=2 s=2 type=dist_async token=s3cret";
+    CHECK(out["scheduler"] ==
+          std::vector<std::string>{"role=scheduler rank=none args=--role scheduler " + common});
     for (int i = 0; i < 2; ++i) {
       auto rank = std::to_string(i);
       CHECK(out["server " + rank] ==
@@ -250,8 +248,8 @@ TEST_CASE("children inherit no descriptors beyond stdin, stdout and stderr" *
   auto server = standin_server(dir);
   // ls run directly as the worker (a shell would hold pipeline descriptors of its own) lists
   // what it was started with, plus the one it opens to read the directory.
-  auto r = run(dir, {"-w", "2", "-s", "1", "--server", server.string(), "--timeout", "50",
-                     "ls", "-1", "/proc/self/fd"});
+  auto r = run(dir, {"-w", "2", "-s", "1", "--server", server.string(), "--timeout", "50", "ls",
+                     "-1", "/proc/self/fd"});
   CHECK(r.code == 0);
   auto out = by_prefix(r.out);
   for (const char* w : {"worker 0", "worker 1"})
@@ -277,9 +275,9 @@ TEST_CASE("a failing worker's exit code becomes kv_launch's, and the rest are te
   }
   SUBCASE("a worker that would hang after another failed is terminated after the grace") {
     auto server = standin_server(dir, "exec sleep 1000");
-    auto r = run(dir, {"-w", "2", "-s", "1", "--server", server.string(), "--grace", "1",
-                       "--timeout", "50", "/bin/sh", "-c",
-                       "[ $KVSTORE_RANK = 1 ] && exit 5; exec sleep 1000"});
+    auto r =
+        run(dir, {"-w", "2", "-s", "1", "--server", server.string(), "--grace", "1", "--timeout",
+                  "50", "/bin/sh", "-c", "[ $KVSTORE_RANK = 1 ] && exit 5; exec sleep 1000"});
     CHECK(r.code == 5);  // the first failure, not the terminated ones
     CHECK(r.err.find("kv_launch: worker 1 exited with code 5") != std::string::npos);
     CHECK(r.err.find("kv_launch: worker 0 killed by signal 15") != std::string::npos);
@@ -309,8 +307,8 @@ TEST_CASE("servers that outlive the workers are terminated after the grace perio
   temp_dir dir;
   SUBCASE("servers exit by themselves: success, no waiting") {
     auto server = standin_server(dir, "sleep 0.2; exit 0");
-    auto r = run(dir, {"-w", "2", "-s", "2", "--server", server.string(), "--timeout", "50",
-                       "/bin/true"});
+    auto r = run(
+        dir, {"-w", "2", "-s", "2", "--server", server.string(), "--timeout", "50", "/bin/true"});
     CHECK(r.code == 0);
     CHECK(r.err.empty());
     CHECK(r.elapsed < 10s);
@@ -329,7 +327,8 @@ TEST_CASE("servers that outlive the workers are terminated after the grace perio
   }
   SUBCASE("a server that ignores SIGTERM is killed 3 s later") {
     auto server = standin_server(
-        dir, "[ \"$KVSTORE_ROLE\" = server ] && { trap '' TERM; while :; do sleep 1; done; }; exit 0");
+        dir,
+        "[ \"$KVSTORE_ROLE\" = server ] && { trap '' TERM; while :; do sleep 1; done; }; exit 0");
     auto r = run(dir, {"-w", "1", "-s", "1", "--server", server.string(), "--grace", "0.5",
                        "--timeout", "50", "/bin/true"});
     CHECK(r.code == 128 + 9);
@@ -342,8 +341,8 @@ TEST_CASE("servers that outlive the workers are terminated after the grace perio
 TEST_CASE("--timeout terminates a hanging job and exits 124" * doctest::timeout(60)) {
   temp_dir dir;
   auto server = standin_server(dir, "exec sleep 1000");
-  auto r = run(dir, {"-w", "2", "-s", "1", "--server", server.string(), "--timeout", "1",
-                     "sleep", "1000"});
+  auto r = run(
+      dir, {"-w", "2", "-s", "1", "--server", server.string(), "--timeout", "1", "sleep", "1000"});
   CHECK(r.code == 124);
   CHECK(r.err.find("timed out after 1 s") != std::string::npos);
   CHECK(r.elapsed >= 1s);
@@ -356,8 +355,11 @@ TEST_CASE("SIGINT to kv_launch reaches every child once, and kv_launch exits non
   auto d = dir.path.string();
   // Each process counts the SIGINTs it gets in a file, then exits 0 when told so; `ready_*` says
   // the trap is installed.
-  std::string trap_body = "trap 'echo int >> " + d + "/int_$KVSTORE_ROLE$KVSTORE_RANK; exit 0' INT; "
-                          "touch " + d + "/ready_$KVSTORE_ROLE$KVSTORE_RANK; "
+  std::string trap_body = "trap 'echo int >> " + d +
+                          "/int_$KVSTORE_ROLE$KVSTORE_RANK; exit 0' INT; "
+                          "touch " +
+                          d +
+                          "/ready_$KVSTORE_ROLE$KVSTORE_RANK; "
                           "while :; do sleep 0.05; done";
   auto server = standin_server(dir, trap_body);
   auto began = std::chrono::steady_clock::now();
@@ -377,9 +379,9 @@ TEST_CASE("bad arguments print the usage and exit 2; --help exits 0" * doctest::
   temp_dir dir;
   const std::vector<std::vector<std::string>> bad{
       {},
-      {"-s", "1", "true"},                       // no -w
-      {"-w", "1", "true"},                       // no -s
-      {"-w", "1", "-s", "1"},                    // no program
+      {"-s", "1", "true"},     // no -w
+      {"-w", "1", "true"},     // no -s
+      {"-w", "1", "-s", "1"},  // no program
       {"-w", "0", "-s", "1", "true"},
       {"-w", "x", "-s", "1", "true"},
       {"-w", "1", "-s", "1", "--port", "70000", "true"},
