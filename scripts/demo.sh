@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The demo: trains a small Fashion-MNIST model through kvstore. With the distributed tools built it
-# runs 2 workers and 2 servers on this machine (kv_launch); otherwise one process in local mode.
+# The demo: trains a small Fashion-MNIST model through kvstore. With the distributed tools built
+# (kv_launch and kv_server) it runs 2 workers and 2 servers on this machine through kv_launch;
+# otherwise one process in local mode.
 # Extra arguments go to train_mnist. Environment: JOBS (default: nproc).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,7 +15,7 @@ if [[ ! -x build/examples/train_mnist ]]; then
   echo "demo: build/examples/train_mnist was not built" >&2
   exit 1
 fi
-if [[ -x build/examples/kv_launch ]]; then
+if [[ -x build/examples/kv_launch && -x build/examples/kv_server ]]; then
   set -x
   exec build/examples/kv_launch -w 2 -s 2 -- build/examples/train_mnist "$@"
 else

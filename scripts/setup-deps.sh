@@ -8,7 +8,7 @@ APT_PACKAGES=(
   libboost1.81-dev libboost-serialization1.81-dev         # Boost.Asio + Boost.Serialization
   doctest-dev libbenchmark-dev libssl-dev                 # tests, benchmarks, TLS/HMAC
   openmpi-bin libopenmpi-dev                              # launching under mpirun
-  dataset-fashion-mnist                                   # the demo's data
+  dataset-fashion-mnist zlib1g-dev                        # the demo's data (.gz) and its reader
 )
 
 as_root() {
