@@ -9,3 +9,4 @@
 #include <kvstore/local.hpp>
 #include <kvstore/optim/all.hpp>
 #include <kvstore/options.hpp>
+#include <kvstore/dist.hpp>

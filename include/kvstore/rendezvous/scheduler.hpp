@@ -370,7 +370,7 @@ class scheduler final : public transport::frame_handler {
         }
       return;
     }
-    if (!n->bye) mark_dead(*n, "connection lost (" + reason + ")");
+    if (!n->bye && !ending_) mark_dead(*n, "connection lost (" + reason + ")");
   }
 
   void reply(const std::shared_ptr<transport::connection>& c, std::uint64_t req, errc status,

@@ -1,0 +1,427 @@
+// A worker's network side: joins the job through the scheduler, connects to every server, sends
+// requests (one or more frames sharing a request id) and completes them when their answers come
+// back, within a deadline. Pull answers are read straight into the caller's buffer. A lost server
+// or scheduler fails that peer's requests at once with an error naming it; a silent one fails
+// them at their deadline.
+#pragma once
+
+#include <kvstore/detail/log.hpp>
+#include <kvstore/options.hpp>
+#include <kvstore/rendezvous/nodes.hpp>
+#include <kvstore/transport/connection.hpp>
+#include <kvstore/wire/meta.hpp>
+
+#include <chrono>
+#include <functional>
+#include <future>
+#include <optional>
+#include <set>
+#include <thread>
+#include <unordered_map>
+
+namespace kvstore::detail {
+
+class worker_client final : public transport::frame_handler {
+  using clock = std::chrono::steady_clock;
+
+ public:
+  static constexpr int to_scheduler = -1;
+
+  using completion = std::function<void(std::exception_ptr)>;
+  /// One request: its completion, what it is (for messages), and for answers with data either a
+  /// destination buffer (dense pulls) or a callback.
+  struct request {
+    completion done;
+    std::string what;
+    std::byte* out = nullptr;      // data frames at key element offset o land at out + o * elem
+    std::size_t out_bytes = 0;
+    std::size_t elem = 0;
+    std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
+    std::function<void(const wire::header&, std::span<const std::byte>)> on_response;
+    std::chrono::milliseconds timeout{0};
+    // set by send()
+    int peer = 0;
+    clock::time_point deadline;
+  };
+
+  /// Joins the job: registers with the scheduler, waits for the address book, connects to every
+  /// server. Throws kvstore::error naming what could not be reached within connect_timeout.
+  explicit worker_client(dist_options o) : opts_(std::move(o)), timer_(io_), work_(io_.get_executor()) {
+    thread_ = std::thread([this] { io_.run(); });
+    try {
+      join();
+    } catch (...) {
+      stop_io();
+      throw;
+    }
+  }
+
+  worker_client(const worker_client&) = delete;
+  worker_client& operator=(const worker_client&) = delete;
+  ~worker_client() { stop_io(); }
+
+  int rank() const noexcept { return rank_; }
+  int id() const noexcept { return id_; }
+  int num_workers() const noexcept { return num_workers_; }
+  int num_servers() const noexcept { return static_cast<int>(servers_.size()); }
+  const dist_options& options() const noexcept { return opts_; }
+
+  /// Sends `frames` (all given the request's id) to server `peer` (or to_scheduler) and
+  /// completes `r` when the answer (the response, or the data frame flagged last) arrives,
+  /// the peer is lost, or the deadline passes. Thread-safe.
+  void send(int peer, std::vector<transport::out_frame> frames, request r) {
+    std::shared_ptr<transport::connection> c;
+    std::string down;
+    std::uint64_t id;
+    {
+      std::lock_guard lk(m_);
+      id = next_id_++;
+      c = peer == to_scheduler ? sched_ : servers_[static_cast<std::size_t>(peer)].conn;
+      down = peer == to_scheduler ? sched_down_ : servers_[static_cast<std::size_t>(peer)].down;
+      if (down.empty()) {
+        r.peer = peer;
+        auto t = r.timeout.count() ? r.timeout : opts_.request_timeout;
+        r.deadline = clock::now() + t;
+        r.timeout = t;
+        pending_.emplace(id, std::move(r));
+      }
+    }
+    if (!down.empty()) {
+      r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + down)));
+      return;
+    }
+    for (auto& f : frames) {
+      f.h.req_id = id;
+      f.h.sender = id_;
+      c->send(std::move(f));
+    }
+  }
+
+  /// Sends and waits (for blocking calls: init, barrier, commands). Throws the request's error.
+  void call(int peer, std::vector<transport::out_frame> frames, request r) {
+    std::promise<void> p;
+    auto f = p.get_future();
+    r.done = [&p](std::exception_ptr e) {
+      if (e) p.set_exception(e);
+      else p.set_value();
+    };
+    send(peer, std::move(frames), std::move(r));
+    f.get();
+  }
+
+  /// Says goodbye to the servers and the scheduler (best effort, short deadline).
+  void leave_job() {
+    leaving_ = true;  // servers close once every worker left: not worth a warning
+    auto bye = [&](int peer) {
+      transport::out_frame f;
+      f.h.command = wire::cmd::bye;
+      request r;
+      r.what = "bye";
+      r.timeout = std::chrono::milliseconds(5000);
+      try {
+        call(peer, single(std::move(f)), std::move(r));
+      } catch (const std::exception&) {
+      }
+    };
+    for (int s = 0; s < num_servers(); ++s) bye(s);
+    bye(to_scheduler);
+  }
+
+  static std::vector<transport::out_frame> single(transport::out_frame f) {
+    std::vector<transport::out_frame> v;
+    v.push_back(std::move(f));
+    return v;
+  }
+
+  /// Peers the scheduler or this worker knows to be dead or unreachable, for messages.
+  std::string known_down() {
+    std::lock_guard lk(m_);
+    std::string s;
+    for (auto& d : dead_) s += (s.empty() ? "" : ", ") + node_name(d);
+    return s;
+  }
+
+ private:
+  struct server_ref {
+    int rank = 0, id = 0;
+    std::string host;
+    std::uint16_t port = 0;
+    std::shared_ptr<transport::connection> conn;
+    std::string down;  // non-empty once lost: why
+  };
+
+  void join() {
+    auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
+                                              opts_.connect_timeout, "the scheduler");
+    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, small_limits());
+    sched_->start();
+    transport::out_frame f;
+    f.h.command = wire::cmd::reg;
+    wire::meta_writer w;
+    w.u32(static_cast<std::uint32_t>(role::worker)).i64(opts_.rank_hint).str("").u32(0);
+    f.meta = w.take();
+    request r;
+    r.what = "joining the job";
+    r.timeout = opts_.connect_timeout;
+    r.on_response = [this](const wire::header& h, std::span<const std::byte>) { (void)h; };
+    call(to_scheduler, single(std::move(f)), std::move(r));  // completed by the address book
+    for (auto& s : servers_) {
+      auto ss = transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout,
+                                              node_name(s.id));
+      auto c = std::make_shared<transport::connection>(std::move(ss), *this, data_limits(), opts_.chunk_bytes);
+      c->peer_id = s.id;
+      c->peer_rank = s.rank;
+      c->peer_role = static_cast<int>(role::server);
+      {
+        std::lock_guard lk(m_);
+        s.conn = c;
+      }
+      c->start();
+      transport::out_frame hello;
+      hello.h.command = wire::cmd::hello;
+      hello.h.sender = id_;
+      hello.h.aux = static_cast<std::uint64_t>(rank_);
+      c->send(std::move(hello));
+    }
+    transport::asio::post(io_, [this] { tick(); });
+    who_ = "worker " + std::to_string(rank_);
+  }
+
+  wire::limits small_limits() const {
+    wire::limits l;
+    l.max_payload = 1 << 20;
+    l.max_meta = 16 << 20;
+    return l;
+  }
+  wire::limits data_limits() const {
+    wire::limits l;
+    l.max_payload = opts_.max_frame_bytes;
+    return l;
+  }
+
+  // Heartbeats and deadlines.
+  void tick() {
+    if (stopping_) return;
+    auto now = clock::now();
+    if (now >= next_heartbeat_) {
+      next_heartbeat_ = now + opts_.heartbeat_interval;
+      std::shared_ptr<transport::connection> s;
+      {
+        std::lock_guard lk(m_);
+        if (sched_down_.empty()) s = sched_;
+      }
+      if (s) {
+        transport::out_frame f;
+        f.h.command = wire::cmd::heartbeat;
+        f.h.sender = id_;
+        s->send(std::move(f));
+      }
+    }
+    std::vector<request> expired;
+    {
+      std::lock_guard lk(m_);
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.deadline <= now) {
+          expired.push_back(std::move(it->second));
+          it = pending_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& r : expired) {
+      std::string who = r.peer == to_scheduler ? std::string("the scheduler") : node_name(servers_[static_cast<std::size_t>(r.peer)].id);
+      std::string msg = r.what + ": no answer from " + who + " within " + std::to_string(r.timeout.count()) + " ms";
+      auto d = known_down();
+      if (!d.empty()) msg += " (down: " + d + ")";
+      r.done(std::make_exception_ptr(error(errc::timeout, msg)));
+    }
+    timer_.expires_after(std::chrono::milliseconds(50));
+    timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) tick();
+    });
+  }
+
+  std::span<std::byte> payload_sink(transport::connection&, const wire::header& h) override {
+    if (h.command != wire::cmd::data || (h.flags & wire::flag_rows)) return {};
+    std::lock_guard lk(m_);
+    auto it = pending_.find(h.req_id);
+    if (it == pending_.end() || !it->second.out || !it->second.elem) return {};
+    auto& r = it->second;
+    const std::uint64_t off = h.offset * r.elem;
+    if (h.offset > r.out_bytes / r.elem || h.payload_len > r.out_bytes - off) return {};
+    return {r.out + off, static_cast<std::size_t>(h.payload_len)};
+  }
+
+  void on_frame(transport::connection& c, const wire::header& h, std::string meta,
+                std::span<const std::byte> payload) override {
+    switch (h.command) {
+      case wire::cmd::address_book: return on_address_book(h, meta);
+      case wire::cmd::node_dead: return on_dead(static_cast<int>(h.key), meta);
+      case wire::cmd::shutdown: return;
+      case wire::cmd::response: {
+        auto r = take(h.req_id);
+        if (!r) return;  // already failed (deadline) or an error answered earlier
+        if (h.status != 0) {
+          auto code = h.status <= static_cast<std::uint32_t>(errc::unsupported) ? static_cast<errc>(h.status)
+                                                                             : errc::server_error;
+          return r->done(std::make_exception_ptr(error(code, r->what + ": " + meta)));
+        }
+        try {
+          if (r->on_response) r->on_response(h, payload);
+        } catch (...) {
+          return r->done(std::current_exception());
+        }
+        return r->done(nullptr);
+      }
+      case wire::cmd::data: {
+        std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
+        bool direct = false;
+        {
+          std::lock_guard lk(m_);
+          auto it = pending_.find(h.req_id);
+          if (it == pending_.end()) return;
+          auto& r = it->second;
+          on_data = r.on_data;
+          direct = r.out && !(h.flags & wire::flag_rows) &&
+                   payload.data() == r.out + h.offset * r.elem;
+          if (!direct && !on_data && r.out) {
+            // The sink refused this frame: it does not fit the caller's buffer.
+            auto bad = std::move(r);
+            pending_.erase(it);
+            bad.done(std::make_exception_ptr(error(errc::protocol, bad.what + ": answer does not fit the output")));
+            return;
+          }
+        }
+        if (on_data) on_data(h, payload);
+        if (h.flags & wire::flag_last)
+          if (auto r = take(h.req_id)) r->done(nullptr);
+        return;
+      }
+      default:
+        (void)c;
+        throw error(errc::protocol, "unexpected command " + std::to_string(static_cast<int>(h.command)) + " at a worker");
+    }
+  }
+
+  std::optional<request> take(std::uint64_t id) {
+    std::lock_guard lk(m_);
+    auto it = pending_.find(id);
+    if (it == pending_.end()) return std::nullopt;
+    request r = std::move(it->second);
+    pending_.erase(it);
+    return r;
+  }
+
+  void on_address_book(const wire::header& h, const std::string& meta) {
+    wire::meta_reader r(meta);
+    num_workers_ = static_cast<int>(r.u32());
+    const auto ns = r.u32();
+    std::vector<server_ref> servers(ns);
+    for (auto& s : servers) {
+      s.rank = static_cast<int>(r.u32());
+      s.id = static_cast<int>(r.u32());
+      s.host = r.str();
+      s.port = static_cast<std::uint16_t>(r.u32());
+    }
+    {
+      std::lock_guard lk(m_);
+      servers_ = std::move(servers);
+      id_ = static_cast<int>(h.key);
+      rank_ = static_cast<int>(h.aux);
+    }
+    if (auto p = take(h.req_id)) p->done(nullptr);
+  }
+
+  void on_dead(int id, const std::string& why) {
+    {
+      std::lock_guard lk(m_);
+      dead_.insert(id);
+    }
+    for (std::size_t s = 0; s < servers_.size(); ++s)
+      if (servers_[s].id == id) fail_peer(static_cast<int>(s), node_name(id) + " is dead (" + why + ")");
+    if (id == scheduler_id) fail_peer(to_scheduler, "the scheduler is dead (" + why + ")");
+  }
+
+  void fail_peer(int peer, const std::string& why) {
+    std::vector<request> failed;
+    {
+      std::lock_guard lk(m_);
+      std::string& down = peer == to_scheduler ? sched_down_ : servers_[static_cast<std::size_t>(peer)].down;
+      if (down.empty()) down = why;
+      for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.peer == peer) {
+          failed.push_back(std::move(it->second));
+          it = pending_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (auto& r : failed) r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + why)));
+  }
+
+  void on_close(transport::connection& c, const std::string& reason) override {
+    if (stopping_ || leaving_) return;
+    if (&c == sched_.get()) {
+      {
+        std::lock_guard lk(m_);
+        dead_.insert(scheduler_id);
+      }
+      detail::log_warn(who_, "lost the scheduler: " + reason);
+      return fail_peer(to_scheduler, "connection to the scheduler lost (" + reason + ")");
+    }
+    for (std::size_t s = 0; s < servers_.size(); ++s)
+      if (servers_[s].conn.get() == &c) {
+        {
+          std::lock_guard lk(m_);
+          dead_.insert(servers_[s].id);
+        }
+        detail::log_warn(who_, "lost " + node_name(servers_[s].id) + ": " + reason);
+        fail_peer(static_cast<int>(s), "connection to " + node_name(servers_[s].id) + " at " + servers_[s].host +
+                                           ":" + std::to_string(servers_[s].port) + " lost (" + reason + ")");
+      }
+  }
+
+  void stop_io() {
+    if (!thread_.joinable()) return;
+    transport::asio::post(io_, [this] {
+      stopping_ = true;
+      timer_.cancel();
+      if (sched_) sched_->close("worker leaving");
+      for (auto& s : servers_)
+        if (s.conn) s.conn->close("worker leaving");
+    });
+    work_.reset();
+    // Give the closes a moment, then stop the loop.
+    transport::asio::post(io_, [this] { io_.stop(); });
+    thread_.join();
+    // Anything still pending fails rather than hangs.
+    std::unordered_map<std::uint64_t, request> left;
+    {
+      std::lock_guard lk(m_);
+      left.swap(pending_);
+    }
+    for (auto& [id, r] : left) r.done(std::make_exception_ptr(error(errc::shutdown, r.what + ": the store is shutting down")));
+  }
+
+  dist_options opts_;
+  transport::asio::io_context io_;
+  transport::asio::steady_timer timer_;
+  transport::asio::executor_work_guard<transport::asio::io_context::executor_type> work_;
+  std::thread thread_;
+  std::mutex m_;
+  std::shared_ptr<transport::connection> sched_;
+  std::string sched_down_;
+  std::vector<server_ref> servers_;
+  std::unordered_map<std::uint64_t, request> pending_;
+  std::set<int> dead_;
+  std::uint64_t next_id_ = 1;
+  int rank_ = -1, id_ = -1, num_workers_ = 0;
+  std::string who_ = "worker";
+  clock::time_point next_heartbeat_{};
+  std::atomic<bool> stopping_{false};
+  std::atomic<bool> leaving_{false};
+};
+
+}  // namespace kvstore::detail
