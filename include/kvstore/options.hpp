@@ -82,8 +82,16 @@ struct dist_options {
     return o;
   }
 
-  /// Overrides the fields named in the environment.
+  /// Overrides the fields named in the environment. Looked up in this order:
+  ///  1. KVSTORE_* (role, scheduler, sizes, type, token, rank),
+  ///  2. DMLC_* (dmlc-tracker / MXNet launch.py),
+  ///  3. a launcher's rank when no role is given: OMPI_COMM_WORLD_RANK/SIZE (Open MPI),
+  ///     PMI_RANK/SIZE (MPICH, Slurm PMI), SLURM_PROCID/NTASKS, RANK/WORLD_SIZE (torchrun).
+  ///     Rank 0 is the scheduler, the next num_servers ranks servers, the rest workers; the
+  ///     scheduler is MASTER_ADDR:MASTER_PORT, else the first host of SLURM_JOB_NODELIST,
+  ///     else 127.0.0.1:9091, unless KVSTORE_SCHEDULER / DMLC_PS_ROOT_* say otherwise.
   void apply_env() {
+    const bool role_given = env("KVSTORE_ROLE", "DMLC_ROLE").has_value();
     if (auto v = env("KVSTORE_ROLE", "DMLC_ROLE")) role = parse_role(*v);
     if (auto v = env("KVSTORE_SCHEDULER")) {
       auto colon = v->rfind(':');
@@ -113,7 +121,75 @@ struct dist_options {
     if (auto v = env("KVSTORE_RANK")) rank_hint = parse_int("KVSTORE_RANK", *v, 0, 1 << 16);
     if (auto v = env("KVSTORE_BIND")) bind_host = *v;
     if (auto v = env("KVSTORE_ADVERTISE")) advertise_host = *v;
+    if (!role_given) apply_launcher_env();
   }
+
+  /// The rank and size a launcher gave this process (mpirun, srun, torchrun), if any.
+  struct launcher_rank {
+    int rank = -1, size = 0;
+    const char* source = nullptr;
+  };
+  static launcher_rank launcher() {
+    static constexpr const char* pairs[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                               {"PMI_RANK", "PMI_SIZE"},
+                                               {"PMIX_RANK", "PMIX_SIZE"},
+                                               {"SLURM_PROCID", "SLURM_NTASKS"},
+                                               {"RANK", "WORLD_SIZE"}};
+    for (auto& p : pairs) {
+      auto r = env(p[0]);
+      auto n = env(p[1]);
+      if (r && n) return {parse_int(p[0], *r, 0, 1 << 20), parse_int(p[1], *n, 1, 1 << 20), p[0]};
+    }
+    return {};
+  }
+
+ private:
+  void apply_launcher_env() {
+    auto l = launcher();
+    if (l.rank < 0) return;
+    const bool servers_given = env("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER").has_value();
+    if (!servers_given) num_servers = 1;
+    if (l.size < num_servers + 2)
+      throw error(errc::invalid_argument,
+                  std::string(l.source) + ": a job of " + std::to_string(l.size) +
+                      " processes cannot hold a scheduler, " + std::to_string(num_servers) +
+                      " server(s) and a worker");
+    const int workers = l.size - 1 - num_servers;
+    if (env("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER") && num_workers != workers)
+      throw error(errc::invalid_argument,
+                  "KVSTORE_NUM_WORKERS=" + std::to_string(num_workers) + " but " + l.source +
+                      " gives " + std::to_string(l.size) + " processes = 1 scheduler + " +
+                      std::to_string(num_servers) + " servers + " + std::to_string(workers) +
+                      " workers");
+    num_workers = workers;
+    if (l.rank == 0) {
+      role = kvstore::role::scheduler;
+    } else if (l.rank <= num_servers) {
+      role = kvstore::role::server;
+      rank_hint = l.rank - 1;
+    } else {
+      role = kvstore::role::worker;
+      rank_hint = l.rank - 1 - num_servers;
+    }
+    if (!env("KVSTORE_SCHEDULER") && !env("DMLC_PS_ROOT_URI")) {
+      if (auto a = env("MASTER_ADDR")) {
+        scheduler_host = *a;
+        if (auto p = env("MASTER_PORT")) scheduler_port = parse_port("MASTER_PORT", *p);
+      } else if (auto nl = env("SLURM_JOB_NODELIST", "SLURM_NODELIST")) {
+        scheduler_host = first_host(*nl);
+      }
+    }
+  }
+
+  /// The first host of a Slurm node list: "a,b" -> a; "node[03-05,7]" -> node03.
+  static std::string first_host(const std::string& list) {
+    auto end = list.find_first_of(",[");
+    if (end == std::string::npos || list[end] == ',') return list.substr(0, end);
+    auto stop = list.find_first_of(",-]", end + 1);
+    return list.substr(0, end) + list.substr(end + 1, stop - end - 1);
+  }
+
+ public:
 
   static kvstore::role parse_role(const std::string& v) {
     if (v == "worker") return kvstore::role::worker;
