@@ -402,9 +402,16 @@ int run(const args& a) {
     for (const auto& m : members) loss += m.loss;
     loss /= static_cast<double>(steps * local_batch);
 
-    // Everyone has finished the epoch before rank 0 scores the weights.
+    // Everyone has finished the epoch before rank 0 scores the weights. In dist_sync rank 0's
+    // last pull already saw the last round; in dist_async other workers' last pushes may have
+    // landed after it, hence the fresh pull. The second barrier keeps the others waiting there
+    // (not in their next pull, whose deadline knows nothing of evaluation) while rank 0 scores.
     kv.barrier();
     if (lead) {
+      for (std::size_t t = 0; t < net.num_tensors(); ++t) {
+        kv.pull(names[t], std::span<float>(params[t]));
+      }
+      kv.wait_all();
       accuracy = evaluate(net, params, test, crew);
       const double elapsed = std::chrono::duration<double>(clock::now() - start).count();
       char line[200];
@@ -415,8 +422,8 @@ int run(const args& a) {
                     static_cast<double>(steps * a.batch) / seconds, elapsed);
       say(line);
     }
+    kv.barrier();
   }
-  kv.barrier();
 
   if (lead) {
     char line[200];
@@ -441,10 +448,8 @@ int main(int argc, char** argv) {
   const args a = parse_args(argc, argv);
   try {
     if (a.local) return run<kvstore::local>(a);
-    // Distributed mode is this same trainer with the dist tag, once <kvstore/dist.hpp> exists:
-    //   return run<kvstore::dist>(a);
-    std::cerr << "train_mnist: distributed mode is not built yet; use --local\n";
-    return 2;
+    // Distributed: roles and sizes from the environment (kv_launch, mpirun, srun, torchrun...).
+    return run<kvstore::dist>(a);
   } catch (const std::exception& e) {
     std::cerr << "train_mnist: " << e.what() << "\n";
     return 1;
