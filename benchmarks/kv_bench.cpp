@@ -1,0 +1,936 @@
+// kv_bench: KVStore<dist> push and pull over loopback TCP against a raw Asio TCP baseline moving
+// the same bytes in the same pattern, in the same run, with real processes on both sides.
+//
+// Processes (all forked from this one before it starts any thread; every child is killed and
+// reaped on the way out, and dies with this process through PR_SET_PDEATHSIG):
+//   kvstore:  a scheduler (kvstore::scheduler), S servers (kvstore::server), W worker processes
+//             (KVStore<dist, float>, dist_sync, no optimizer); 1x1 and 2x2.
+//   baseline: S server processes and W client processes speaking a minimal framed protocol with
+//             Boost.Asio (16-byte header + raw payload; TCP_NODELAY; the server reads payloads
+//             straight into a preallocated buffer, as a transport must at least do).
+//
+// Patterns, per worker (W workers run them at the same time; aggregates = sum over workers of
+// ops and bytes / the slowest worker's time):
+//   push S     one key of S bytes pushed N times back to back (ops on one key run one after the
+//              other: each push is sent, then acknowledged). Baseline: send S bytes (split over
+//              servers exactly as kvstore slices the key), wait for each server's 16-byte ack.
+//   pull S     the same with pulls: baseline sends a 16-byte request, reads S bytes back.
+//   push+wait  4 KiB push, op.wait() each: latency-bound; baseline as push 4 KiB. Also a plain
+//              64-byte ping-pong for reference (the issue's "raw ping-pong rate").
+//   many keys  1,000 keys of 4 KiB: push all, then wait_all, repeated. Baseline: 1,000 framed
+//              4 KiB messages written back to back (to each key's server), 1,000 acks read.
+// GB/s counts payload bytes only, 1e9 B/s. Each figure is the median of several repetitions.
+//
+// usage: kv_bench [--quick] [--json FILE]
+// Exit status: 0 when every run completed with right values (targets met or not), 1 on an error
+// (a wrong value, a child that failed or hung), 2 on a usage error.
+#include <kvstore/dist.hpp>
+
+#include <boost/asio.hpp>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using clk = std::chrono::steady_clock;
+
+double secs(clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// ---- configuration -----------------------------------------------------------------------
+
+struct size_case {
+  std::size_t bytes;
+  int push_n, pull_n;  // ops per repetition
+};
+
+struct config {
+  bool quick = false;
+  int reps = 5;
+  std::vector<size_case> sizes;
+  int latency_n = 3000;       // push+wait 4 KiB per repetition
+  int pingpong64_n = 5000;    // 64-byte ping-pongs per repetition
+  std::size_t many_keys = 1000;
+  int many_rounds = 10;       // push-all-then-wait_all rounds per repetition
+};
+
+config make_config(bool quick) {
+  config c;
+  c.quick = quick;
+  if (quick) {
+    c.reps = 1;
+    c.sizes = {{4 << 10, 50, 50}, {64 << 10, 20, 20}, {4 << 20, 2, 2}};
+    c.latency_n = 100;
+    c.pingpong64_n = 100;
+    c.many_keys = 100;
+    c.many_rounds = 2;
+  } else {
+    c.reps = 5;
+    c.sizes = {{4 << 10, 2000, 2000}, {64 << 10, 600, 600}, {4 << 20, 40, 40}, {64 << 20, 4, 4}};
+  }
+  return c;
+}
+
+// One line a worker or client reports: measurement name, repetition, ops, payload bytes, seconds.
+struct sample {
+  std::string name;
+  int rep;
+  double ops, bytes, secs;
+};
+
+std::string fmt_sample(const sample& s) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f\n", s.name.c_str(), s.rep, s.ops, s.bytes, s.secs);
+  return buf;
+}
+
+// ---- processes -----------------------------------------------------------------------------
+
+std::vector<pid_t> children;
+
+void write_all(int fd, const std::string& s) {
+  const char* p = s.data();
+  std::size_t left = s.size();
+  while (left) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+}
+
+// Forks a child running f(write end of a pipe to the parent); returns the read end.
+template <class F>
+int spawn(F&& f) {
+  int p[2];
+  if (::pipe(p) != 0) throw std::runtime_error("pipe failed");
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    ::close(p[0]);
+    int rc = 0;
+    try {
+      rc = f(p[1]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kv_bench child: %s\n", e.what());
+      write_all(p[1], std::string("E ") + e.what() + "\n");
+      rc = 3;
+    }
+    std::fflush(nullptr);
+    ::_exit(rc);
+  }
+  ::close(p[1]);
+  children.push_back(pid);
+  return p[0];
+}
+
+void kill_children() {
+  for (pid_t p : children) ::kill(p, SIGKILL);
+  for (pid_t p : children) ::waitpid(p, nullptr, 0);
+  children.clear();
+}
+
+// Reads lines from the fds until each one is closed or the deadline passes. Returns false on
+// timeout.
+bool read_lines(std::vector<int> fds, std::vector<std::string>& lines, std::chrono::seconds limit) {
+  const auto deadline = clk::now() + limit;
+  std::vector<std::string> partial(fds.size());
+  std::size_t open = fds.size();
+  while (open) {
+    std::vector<pollfd> pfds;
+    std::vector<std::size_t> idx;
+    for (std::size_t i = 0; i < fds.size(); ++i)
+      if (fds[i] >= 0) {
+        pfds.push_back({fds[i], POLLIN, 0});
+        idx.push_back(i);
+      }
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clk::now()).count();
+    if (left <= 0) return false;
+    int r = ::poll(pfds.data(), pfds.size(), static_cast<int>(std::min<long long>(left, 1000)));
+    if (r < 0 && errno != EINTR) return false;
+    for (std::size_t j = 0; j < pfds.size(); ++j) {
+      if (!(pfds[j].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const std::size_t i = idx[j];
+      char buf[4096];
+      ssize_t n = ::read(fds[i], buf, sizeof buf);
+      if (n <= 0) {
+        if (!partial[i].empty()) lines.push_back(partial[i]);
+        ::close(fds[i]);
+        fds[i] = -1;
+        --open;
+        continue;
+      }
+      partial[i].append(buf, static_cast<std::size_t>(n));
+      std::size_t nl;
+      while ((nl = partial[i].find('\n')) != std::string::npos) {
+        lines.push_back(partial[i].substr(0, nl));
+        partial[i].erase(0, nl + 1);
+      }
+    }
+  }
+  return true;
+}
+
+// Waits for every child; true when all exited with status 0 within the limit (the rest killed).
+bool reap_children(std::chrono::seconds limit) {
+  const auto deadline = clk::now() + limit;
+  bool ok = true;
+  std::vector<pid_t> left = children;
+  while (!left.empty() && clk::now() < deadline) {
+    for (auto it = left.begin(); it != left.end();) {
+      int st = 0;
+      pid_t r = ::waitpid(*it, &st, WNOHANG);
+      if (r == *it) {
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+          std::fprintf(stderr, "kv_bench: child %d ended with %s %d\n", static_cast<int>(*it),
+                       WIFEXITED(st) ? "status" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+          ok = false;
+        }
+        it = left.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!left.empty()) ::usleep(10'000);
+  }
+  if (!left.empty()) {
+    std::fprintf(stderr, "kv_bench: %zu children did not end in time; killed\n", left.size());
+    ok = false;
+  }
+  kill_children();
+  return ok;
+}
+
+// Reads one line from fd (blocking, bounded).
+std::string read_line(int fd, std::chrono::seconds limit) {
+  std::string s;
+  const auto deadline = clk::now() + limit;
+  while (clk::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    char c;
+    ssize_t n = ::read(fd, &c, 1);
+    if (n <= 0) break;
+    if (c == '\n') return s;
+    s += c;
+  }
+  throw std::runtime_error("no answer from a child process (read \"" + s + "\")");
+}
+
+// ---- the values pushed and what a pull must see -------------------------------------------
+
+// Worker w's value of key k: small integers, so sums over workers are exact in float.
+float value_of(int w, std::size_t k, std::size_t i) { return static_cast<float>((i + k) % 7 + static_cast<std::size_t>(w) + 1); }
+float expected_sum(int workers, std::size_t k, std::size_t i) {
+  float s = 0;
+  for (int w = 0; w < workers; ++w) s += value_of(w, k, i);
+  return s;
+}
+
+// ---- kvstore side --------------------------------------------------------------------------
+
+kvstore::dist_options cluster_options(int workers, int servers) {
+  kvstore::dist_options o;
+  o.scheduler_host = "127.0.0.1";
+  o.scheduler_port = 0;
+  o.num_workers = workers;
+  o.num_servers = servers;
+  o.sync = true;
+  o.connect_timeout = std::chrono::milliseconds(30'000);
+  o.request_timeout = std::chrono::milliseconds(60'000);
+  o.barrier_timeout = std::chrono::milliseconds(60'000);
+  o.dead_timeout = std::chrono::milliseconds(30'000);
+  return o;
+}
+
+int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank) {
+  o.role = kvstore::role::worker;
+  o.rank_hint = rank;
+  kvstore::KVStore<kvstore::dist, float> kv(o);
+  const int W = kv.num_workers();
+  const int me = kv.rank();
+  auto report = [&](const sample& s) { write_all(out, fmt_sample(s)); };
+  int errors = 0;
+  auto check = [&](const std::vector<float>& got, std::size_t k, const char* what) {
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (got[i] != expected_sum(W, k, i)) {
+        std::fprintf(stderr, "kv_bench worker %d: %s of key %zu: element %zu is %g, expected %g\n", me, what, k, i,
+                     got[i], expected_sum(W, k, i));
+        ++errors;
+        return;
+      }
+  };
+
+  // One key per size (ids 0..), then the many keys (ids 100..).
+  std::vector<std::vector<float>> vals, outs;
+  for (std::size_t s = 0; s < cfg.sizes.size(); ++s) {
+    const std::size_t n = cfg.sizes[s].bytes / sizeof(float);
+    vals.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i) vals.back()[i] = value_of(me, s, i);
+    outs.emplace_back(n, 0.f);
+    kv.init(static_cast<int>(s), std::span<const float>(vals.back()));
+  }
+  const std::size_t small = 1024;  // 4 KiB of float
+  std::vector<std::vector<float>> mvals(cfg.many_keys, std::vector<float>(small));
+  for (std::size_t k = 0; k < cfg.many_keys; ++k) {
+    for (std::size_t i = 0; i < small; ++i) mvals[k][i] = value_of(me, 100 + k, i);
+    kv.init(static_cast<int>(100 + k), std::span<const float>(mvals[k]));
+  }
+
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    for (std::size_t s = 0; s < cfg.sizes.size(); ++s) {
+      const auto& sc = cfg.sizes[s];
+      const int key = static_cast<int>(s);
+      const std::string tag = std::to_string(sc.bytes);
+      kv.barrier();
+      auto a = clk::now();
+      for (int i = 0; i < sc.push_n; ++i) kv.push(key, std::span<const float>(vals[s]));
+      kv.wait_all();
+      auto b = clk::now();
+      report({"push_" + tag, rep, double(sc.push_n), double(sc.push_n) * double(sc.bytes), secs(a, b)});
+      kv.barrier();
+      std::fill(outs[s].begin(), outs[s].end(), -1.f);
+      a = clk::now();
+      for (int i = 0; i < sc.pull_n; ++i) kv.pull(key, std::span<float>(outs[s]));
+      kv.wait_all();
+      b = clk::now();
+      report({"pull_" + tag, rep, double(sc.pull_n), double(sc.pull_n) * double(sc.bytes), secs(a, b)});
+      check(outs[s], s, "pull");
+    }
+    // 4 KiB push, waiting for each (sizes[0] is 4 KiB).
+    {
+      kv.barrier();
+      auto a = clk::now();
+      for (int i = 0; i < cfg.latency_n; ++i) kv.push(0, std::span<const float>(vals[0])).wait();
+      auto b = clk::now();
+      report({"pushwait_4096", rep, double(cfg.latency_n), double(cfg.latency_n) * 4096.0, secs(a, b)});
+    }
+    // Many keys in flight.
+    {
+      kv.barrier();
+      auto a = clk::now();
+      for (int r = 0; r < cfg.many_rounds; ++r) {
+        for (std::size_t k = 0; k < cfg.many_keys; ++k)
+          kv.push(static_cast<int>(100 + k), std::span<const float>(mvals[k]));
+        kv.wait_all();
+      }
+      auto b = clk::now();
+      const double ops = double(cfg.many_rounds) * double(cfg.many_keys);
+      report({"many_4096", rep, ops, ops * 4096.0, secs(a, b)});
+    }
+  }
+  // The many keys' values, checked once.
+  std::vector<float> got(small);
+  for (std::size_t k = 0; k < cfg.many_keys; k += std::max<std::size_t>(1, cfg.many_keys / 10)) {
+    kv.pull(static_cast<int>(100 + k), std::span<float>(got)).wait();
+    check(got, 100 + k, "pull after many-key pushes");
+  }
+  if (errors) write_all(out, "E wrong values\n");
+  return errors ? 3 : 0;
+}
+
+// Runs the kvstore cluster with W workers and S servers; appends the workers' samples.
+bool run_kvstore(const config& cfg, int W, int S, std::vector<sample>& out) {
+  auto o = cluster_options(W, S);
+  int sched_fd = spawn([&](int fd) {
+    auto so = o;
+    so.role = kvstore::role::scheduler;
+    kvstore::scheduler s(so);
+    write_all(fd, "P " + std::to_string(s.port()) + "\n");
+    s.run();
+    return 0;
+  });
+  const std::string line = read_line(sched_fd, std::chrono::seconds(20));
+  ::close(sched_fd);
+  if (line.rfind("P ", 0) != 0) throw std::runtime_error("scheduler did not start: " + line);
+  o.scheduler_port = static_cast<std::uint16_t>(std::stoi(line.substr(2)));
+  for (int s = 0; s < S; ++s) {
+    ::close(spawn([&](int) {
+      auto so = o;
+      so.role = kvstore::role::server;
+      so.rank_hint = s;
+      kvstore::server srv(so);
+      srv.run();
+      return 0;
+    }));
+  }
+  std::vector<int> fds;
+  for (int w = 0; w < W; ++w) fds.push_back(spawn([&](int fd) { return kv_worker(fd, cfg, o, w); }));
+  std::vector<std::string> lines;
+  const bool in_time = read_lines(fds, lines, std::chrono::seconds(cfg.quick ? 60 : 300));
+  if (!in_time) std::fprintf(stderr, "kv_bench: kvstore %dx%d workers did not finish in time\n", W, S);
+  const bool reaped = in_time ? reap_children(std::chrono::seconds(20)) : (kill_children(), false);
+  bool ok = in_time && reaped;
+  for (auto& l : lines) {
+    if (l.rfind("S ", 0) == 0) {
+      std::istringstream is(l.substr(2));
+      sample s;
+      is >> s.name >> s.rep >> s.ops >> s.bytes >> s.secs;
+      out.push_back(s);
+    } else if (l.rfind("E ", 0) == 0) {
+      std::fprintf(stderr, "kv_bench: kvstore %dx%d: %s\n", W, S, l.c_str() + 2);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+// ---- raw Asio TCP baseline -----------------------------------------------------------------
+
+// 16-byte header: op (u32: 1 push, 2 pull, 3 ping), pad (u32), len (u64). Push: len payload
+// bytes follow, answered by a 16-byte ack. Pull: answered by a header and len bytes. Ping: len
+// bytes follow and come back.
+struct bhdr {
+  std::uint32_t op = 0, pad = 0;
+  std::uint64_t len = 0;
+};
+static_assert(sizeof(bhdr) == 16);
+
+class base_session : public std::enable_shared_from_this<base_session> {
+ public:
+  base_session(tcp::socket s, std::vector<char>& store, std::size_t& open)
+      : sock_(std::move(s)), store_(store), open_(open) {
+    sock_.set_option(tcp::no_delay(true));
+    rbuf_.resize(256 << 10);
+  }
+  void start() { read_more(); }
+
+ private:
+  void read_more() {
+    if (rbeg_ == rend_) rbeg_ = rend_ = 0;
+    if (rend_ == rbuf_.size()) {
+      std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, rend_ - rbeg_);
+      rend_ -= rbeg_;
+      rbeg_ = 0;
+    }
+    sock_.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
+                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                            if (ec) return self->closed();
+                            self->rend_ += n;
+                            self->parse();
+                          });
+  }
+  void closed() {
+    if (closed_) return;
+    closed_ = true;
+    if (--open_ == 0) static_cast<asio::io_context&>(sock_.get_executor().context()).stop();
+  }
+  void parse() {
+    for (;;) {
+      const std::size_t avail = rend_ - rbeg_;
+      if (!in_payload_) {
+        if (avail < sizeof(bhdr)) return read_more();
+        std::memcpy(&cur_, rbuf_.data() + rbeg_, sizeof cur_);
+        rbeg_ += sizeof cur_;
+        if (cur_.len > store_.size()) return closed();
+        if (cur_.op == 2) {  // pull: answer from the store
+          queue(cur_, store_.data(), cur_.len);
+          continue;
+        }
+        in_payload_ = true;
+        got_ = 0;
+        continue;
+      }
+      const std::size_t take = std::min<std::size_t>(cur_.len - got_, avail);
+      std::memcpy(store_.data() + got_, rbuf_.data() + rbeg_, take);
+      rbeg_ += take;
+      got_ += take;
+      if (got_ < cur_.len) {
+        // The rest straight into its destination.
+        rbeg_ = rend_ = 0;
+        asio::async_read(sock_, asio::buffer(store_.data() + got_, cur_.len - got_),
+                         [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                           if (ec) return self->closed();
+                           self->got_ += n;
+                           self->payload_done();
+                           self->parse();
+                         });
+        return;
+      }
+      payload_done();
+    }
+  }
+  void payload_done() {
+    in_payload_ = false;
+    if (cur_.op == 3) queue(cur_, store_.data(), cur_.len);  // ping: echo
+    else queue(bhdr{1, 0, 0}, nullptr, 0);                   // push: ack
+  }
+  void queue(bhdr h, const char* p, std::size_t n) {
+    out_.push_back({h, p, n});
+    if (!writing_) write_more();
+  }
+  void write_more() {
+    if (out_.empty()) {
+      writing_ = false;
+      return;
+    }
+    writing_ = true;
+    sending_.swap(out_);
+    out_.clear();
+    bufs_.clear();
+    for (auto& o : sending_) {
+      bufs_.emplace_back(&o.h, sizeof o.h);
+      if (o.n) bufs_.emplace_back(o.p, o.n);
+    }
+    asio::async_write(sock_, bufs_, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+      if (ec) return self->closed();
+      self->sending_.clear();
+      self->write_more();
+    });
+  }
+
+  struct outgoing {
+    bhdr h;
+    const char* p;
+    std::size_t n;
+  };
+  tcp::socket sock_;
+  std::vector<char>& store_;
+  std::size_t& open_;
+  std::vector<char> rbuf_;
+  std::size_t rbeg_ = 0, rend_ = 0;
+  bool in_payload_ = false;
+  bhdr cur_;
+  std::size_t got_ = 0;
+  std::vector<outgoing> out_, sending_;
+  std::vector<asio::const_buffer> bufs_;
+  bool writing_ = false;
+  bool closed_ = false;
+};
+
+// A baseline server process: accepts `clients` connections, serves until all have closed.
+int base_server(int fd, int clients, std::size_t max_bytes) {
+  asio::io_context io;
+  tcp::acceptor acc(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+  std::vector<char> store(max_bytes, 1);  // touched: no page faults in the timed part
+  std::size_t open = static_cast<std::size_t>(clients);
+  write_all(fd, "P " + std::to_string(acc.local_endpoint().port()) + "\n");
+  int accepted = 0;
+  std::function<void()> accept = [&] {
+    acc.async_accept([&](boost::system::error_code ec, tcp::socket s) {
+      if (ec) return;
+      std::make_shared<base_session>(std::move(s), store, open)->start();
+      if (++accepted < clients) accept();
+    });
+  };
+  accept();
+  // Bounded: a client that never comes or never leaves ends this after the limit.
+  asio::steady_timer limit(io, std::chrono::minutes(5));
+  limit.async_wait([&](boost::system::error_code ec) {
+    if (!ec) io.stop();
+  });
+  io.run();
+  return 0;
+}
+
+// The client side: per server, one async write of a batch of messages and one async read of
+// the exactly known answer, all on one io_context (as a kvstore worker's single io thread).
+class base_client {
+ public:
+  base_client(const std::vector<std::uint16_t>& ports, std::size_t max_bytes) : recv_(max_bytes + 64) {
+    for (auto p : ports) {
+      socks_.emplace_back(io_);
+      socks_.back().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), p));
+      socks_.back().set_option(tcp::no_delay(true));
+    }
+    send_.assign(max_bytes, 2);
+  }
+
+  struct part {
+    int server;
+    std::size_t bytes;
+  };
+  // Sends `count` messages of kind op for each of `parts` (one op = all parts) and waits for all
+  // answers.
+  void batch(std::uint32_t op, const std::vector<part>& parts, std::size_t count) {
+    const std::size_t S = socks_.size();
+    std::vector<std::vector<bhdr>> hdrs(S);
+    std::vector<std::vector<asio::const_buffer>> wbufs(S);
+    std::vector<std::size_t> expect(S, 0);
+    for (auto& p : parts) hdrs[static_cast<std::size_t>(p.server)].reserve(count * parts.size());
+    for (std::size_t c = 0; c < count; ++c)
+      for (auto& p : parts) {
+        auto& h = hdrs[static_cast<std::size_t>(p.server)];
+        h.push_back(bhdr{op, 0, p.bytes});
+        wbufs[static_cast<std::size_t>(p.server)].emplace_back(&h.back(), sizeof(bhdr));
+        if (op != 2 && p.bytes) wbufs[static_cast<std::size_t>(p.server)].emplace_back(send_.data(), p.bytes);
+        expect[static_cast<std::size_t>(p.server)] += sizeof(bhdr) + (op == 1 ? 0 : p.bytes);
+      }
+    // The answers of one server land in recv_ (pull payloads overwrite each other: a sink, as a
+    // worker's output buffer is).
+    std::size_t pending = 0;
+    std::vector<std::size_t> got(S, 0);
+    std::function<void(std::size_t)> read_some = [&](std::size_t s) {
+      const std::size_t n = std::min(expect[s] - got[s], recv_.size());
+      asio::async_read(socks_[s], asio::buffer(recv_.data(), n), [&, s](boost::system::error_code ec, std::size_t k) {
+        if (ec) throw std::runtime_error("baseline read: " + ec.message());
+        got[s] += k;
+        if (got[s] < expect[s]) return read_some(s);
+        --pending;
+      });
+    };
+    for (std::size_t s = 0; s < S; ++s) {
+      if (!expect[s]) continue;
+      pending += 2;
+      asio::async_write(socks_[s], wbufs[s], [&](boost::system::error_code ec, std::size_t) {
+        if (ec) throw std::runtime_error("baseline write: " + ec.message());
+        --pending;
+      });
+      read_some(s);
+    }
+    io_.restart();
+    io_.run();
+    if (pending) throw std::runtime_error("baseline batch did not complete");
+  }
+
+ private:
+  asio::io_context io_;
+  std::vector<tcp::socket> socks_;
+  std::vector<char> send_, recv_;
+};
+
+// How kvstore places key `id` of `bytes` on S servers, as baseline parts.
+std::vector<base_client::part> parts_of(std::uint64_t id, std::size_t bytes, int S) {
+  const kvstore::dist_options o;
+  std::vector<base_client::part> p;
+  for (auto& s : kvstore::detail::partition(id, bytes / sizeof(float), 0, sizeof(float), S, o.slice_bytes))
+    p.push_back({s.server, (s.hi - s.lo) * sizeof(float)});
+  return p;
+}
+
+// Pipe barrier between the baseline clients, through the parent.
+struct pipe_barrier {
+  int to_parent, from_parent;
+  void wait() {
+    write_all(to_parent, "R\n");
+    char c;
+    while (::read(from_parent, &c, 1) < 0 && errno == EINTR) {
+    }
+  }
+};
+
+int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& ports, int S, pipe_barrier bar) {
+  std::size_t max_bytes = 0;
+  for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
+  base_client cl(ports, max_bytes);
+  auto report = [&](const sample& s) { write_all(out, fmt_sample(s)); };
+  for (int rep = 0; rep < cfg.reps; ++rep) {
+    for (std::size_t s = 0; s < cfg.sizes.size(); ++s) {
+      const auto& sc = cfg.sizes[s];
+      const auto parts = parts_of(s, sc.bytes, S);
+      const std::string tag = std::to_string(sc.bytes);
+      bar.wait();
+      auto a = clk::now();
+      for (int i = 0; i < sc.push_n; ++i) cl.batch(1, parts, 1);
+      auto b = clk::now();
+      report({"push_" + tag, rep, double(sc.push_n), double(sc.push_n) * double(sc.bytes), secs(a, b)});
+      bar.wait();
+      a = clk::now();
+      for (int i = 0; i < sc.pull_n; ++i) cl.batch(2, parts, 1);
+      b = clk::now();
+      report({"pull_" + tag, rep, double(sc.pull_n), double(sc.pull_n) * double(sc.bytes), secs(a, b)});
+    }
+    {
+      const auto parts = parts_of(0, 4096, S);
+      bar.wait();
+      auto a = clk::now();
+      for (int i = 0; i < cfg.latency_n; ++i) cl.batch(1, parts, 1);
+      auto b = clk::now();
+      report({"pushwait_4096", rep, double(cfg.latency_n), double(cfg.latency_n) * 4096.0, secs(a, b)});
+      // 64-byte ping-pong with the key's server.
+      const std::vector<base_client::part> pp{{parts.front().server, 64}};
+      bar.wait();
+      a = clk::now();
+      for (int i = 0; i < cfg.pingpong64_n; ++i) cl.batch(3, pp, 1);
+      b = clk::now();
+      report({"pingpong_64", rep, double(cfg.pingpong64_n), double(cfg.pingpong64_n) * 64.0, secs(a, b)});
+    }
+    {
+      // Many keys: each key's 4 KiB to its server, all written back to back.
+      std::vector<base_client::part> parts;
+      for (std::size_t k = 0; k < cfg.many_keys; ++k) {
+        auto p = parts_of(100 + k, 4096, S);
+        parts.insert(parts.end(), p.begin(), p.end());
+      }
+      bar.wait();
+      auto a = clk::now();
+      for (int r = 0; r < cfg.many_rounds; ++r) cl.batch(1, parts, 1);
+      auto b = clk::now();
+      const double ops = double(cfg.many_rounds) * double(cfg.many_keys);
+      report({"many_4096", rep, ops, ops * 4096.0, secs(a, b)});
+    }
+  }
+  return 0;
+}
+
+bool run_baseline(const config& cfg, int W, int S, std::vector<sample>& out) {
+  std::size_t max_bytes = 0;
+  for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
+  std::vector<std::uint16_t> ports;
+  for (int s = 0; s < S; ++s) {
+    int fd = spawn([&](int wfd) { return base_server(wfd, W, max_bytes); });
+    const std::string line = read_line(fd, std::chrono::seconds(20));
+    ::close(fd);
+    if (line.rfind("P ", 0) != 0) throw std::runtime_error("baseline server did not start");
+    ports.push_back(static_cast<std::uint16_t>(std::stoi(line.substr(2))));
+  }
+  // Each client: a result pipe (lines "S ..." and "R" for the barrier) and a go pipe.
+  std::vector<int> res, go;
+  for (int w = 0; w < W; ++w) {
+    int g[2];
+    if (::pipe(g) != 0) throw std::runtime_error("pipe failed");
+    int fd = spawn([&](int wfd) {
+      ::close(g[1]);
+      return base_worker(wfd, cfg, ports, S, pipe_barrier{wfd, g[0]});
+    });
+    ::close(g[0]);
+    res.push_back(fd);
+    go.push_back(g[1]);
+  }
+  // Relay: when every client said R, say go to all; collect samples until all pipes close.
+  const auto deadline = clk::now() + std::chrono::seconds(cfg.quick ? 60 : 300);
+  std::vector<std::string> partial(static_cast<std::size_t>(W));
+  int ready = 0, open = W;
+  bool ok = true;
+  while (open > 0) {
+    if (clk::now() > deadline) {
+      std::fprintf(stderr, "kv_bench: baseline %dx%d did not finish in time\n", W, S);
+      ok = false;
+      break;
+    }
+    std::vector<pollfd> pfds;
+    for (int w = 0; w < W; ++w)
+      if (res[static_cast<std::size_t>(w)] >= 0) pfds.push_back({res[static_cast<std::size_t>(w)], POLLIN, 0});
+    if (::poll(pfds.data(), pfds.size(), 500) <= 0) continue;
+    for (auto& p : pfds) {
+      if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const auto w = static_cast<std::size_t>(std::find(res.begin(), res.end(), p.fd) - res.begin());
+      char buf[4096];
+      ssize_t n = ::read(p.fd, buf, sizeof buf);
+      if (n <= 0) {
+        ::close(p.fd);
+        res[w] = -1;
+        --open;
+        continue;
+      }
+      partial[w].append(buf, static_cast<std::size_t>(n));
+      std::size_t nl;
+      while ((nl = partial[w].find('\n')) != std::string::npos) {
+        std::string l = partial[w].substr(0, nl);
+        partial[w].erase(0, nl + 1);
+        if (l == "R") {
+          if (++ready == W) {
+            ready = 0;
+            for (int g : go) write_all(g, "G");
+          }
+        } else if (l.rfind("S ", 0) == 0) {
+          std::istringstream is(l.substr(2));
+          sample s;
+          is >> s.name >> s.rep >> s.ops >> s.bytes >> s.secs;
+          out.push_back(s);
+        } else if (l.rfind("E ", 0) == 0) {
+          std::fprintf(stderr, "kv_bench: baseline: %s\n", l.c_str() + 2);
+          ok = false;
+        }
+      }
+    }
+  }
+  for (int g : go) ::close(g);
+  for (int r : res)
+    if (r >= 0) ::close(r);
+  if (!ok) {
+    kill_children();
+    return false;
+  }
+  return reap_children(std::chrono::seconds(20));
+}
+
+// ---- report --------------------------------------------------------------------------------
+
+struct figure {
+  double ops_s = 0, gb_s = 0, lo_ops = 0, hi_ops = 0;
+  bool present = false;
+};
+
+// Per repetition: sum of ops and bytes over workers / the slowest worker's time; then the median.
+figure aggregate(const std::vector<sample>& all, const std::string& name) {
+  std::map<int, std::vector<const sample*>> by_rep;
+  for (auto& s : all)
+    if (s.name == name) by_rep[s.rep].push_back(&s);
+  std::vector<std::pair<double, double>> v;  // ops/s, GB/s
+  for (auto& [rep, ss] : by_rep) {
+    double ops = 0, bytes = 0, t = 0;
+    for (auto* s : ss) {
+      ops += s->ops;
+      bytes += s->bytes;
+      t = std::max(t, s->secs);
+    }
+    if (t > 0) v.push_back({ops / t, bytes / t / 1e9});
+  }
+  figure f;
+  if (v.empty()) return f;
+  std::sort(v.begin(), v.end());
+  f.present = true;
+  f.ops_s = v[v.size() / 2].first;
+  f.gb_s = v[v.size() / 2].second;
+  f.lo_ops = v.front().first;
+  f.hi_ops = v.back().first;
+  return f;
+}
+
+struct result {
+  std::string name;
+  double value;
+  std::string unit;
+  double baseline;
+  double ratio;
+};
+
+std::string human(std::size_t b) {
+  if (b >= (1u << 20)) return std::to_string(b >> 20) + " MiB";
+  if (b >= (1u << 10)) return std::to_string(b >> 10) + " KiB";
+  return std::to_string(b) + " B";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::string json;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--quick") quick = true;
+    else if (a == "--json" && i + 1 < argc) json = argv[++i];
+    else {
+      std::fprintf(stderr, "usage: kv_bench [--quick] [--json FILE]\n");
+      return 2;
+    }
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  const config cfg = make_config(quick);
+  std::printf("kv_bench%s: KVStore<dist> (dist_sync, float, no optimizer) vs raw Asio TCP on 127.0.0.1;\n"
+              "  real processes: scheduler, servers and workers (one process each) forked from here;\n"
+              "  baseline: server and client processes, same bytes to the same servers, same pattern.\n"
+              "  median of %d repetitions; GB/s = payload bytes / time (1e9 B/s), summed over workers.\n",
+              quick ? " --quick (tiny, targets not judged)" : "", cfg.reps);
+  std::fflush(stdout);
+
+  std::vector<result> results;
+  bool ok = true;
+  struct setup {
+    int W, S;
+  };
+  std::map<std::string, figure> target_figs;
+  for (setup st : {setup{1, 1}, setup{2, 2}}) {
+    std::vector<sample> kvs, base;
+    try {
+      ok = run_kvstore(cfg, st.W, st.S, kvs) && ok;
+      ok = run_baseline(cfg, st.W, st.S, base) && ok;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "kv_bench: %s\n", e.what());
+      kill_children();
+      ok = false;
+    }
+    const std::string cl = std::to_string(st.W) + "x" + std::to_string(st.S);
+    std::printf("\n%d worker%s x %d server%s (workers: %d process%s)\n", st.W, st.W > 1 ? "s" : "", st.S,
+                st.S > 1 ? "s" : "", st.W, st.W > 1 ? "es" : "");
+    std::printf("  %-8s %-24s %12s %9s %12s %9s %7s\n", "size", "pattern", "kvstore op/s", "GB/s", "raw TCP op/s",
+                "GB/s", "ratio");
+    auto row = [&](const std::string& name, const std::string& size, const std::string& pattern,
+                   const std::string& base_name) {
+      figure k = aggregate(kvs, name), b = aggregate(base, base_name);
+      if (!k.present) return;
+      const double ratio = b.present && b.ops_s > 0 ? k.ops_s / b.ops_s : -1;
+      std::printf("  %-8s %-24s %12.0f %9.3f %12.0f %9.3f %7.3f\n", size.c_str(), pattern.c_str(), k.ops_s, k.gb_s,
+                  b.ops_s, b.gb_s, ratio);
+      const bool big = name.rfind("push_", 0) == 0 || name.rfind("pull_", 0) == 0;
+      if (big)
+        results.push_back({"kv_" + cl + "_" + name + "_GBps", k.gb_s, "GB/s", b.present ? b.gb_s : -1, ratio});
+      results.push_back({"kv_" + cl + "_" + name + "_ops", k.ops_s, "ops/s", b.present ? b.ops_s : -1, ratio});
+      target_figs[cl + name] = k;
+      target_figs[cl + name + "#base"] = b;
+    };
+    for (auto& sc : cfg.sizes) {
+      const std::string tag = std::to_string(sc.bytes);
+      row("push_" + tag, human(sc.bytes), "push (1 key, back to back)", "push_" + tag);
+      row("pull_" + tag, human(sc.bytes), "pull (1 key, back to back)", "pull_" + tag);
+    }
+    row("pushwait_4096", "4 KiB", "push+wait", "pushwait_4096");
+    row("many_4096", "4 KiB", "push " + std::to_string(cfg.many_keys) + " keys, wait_all", "many_4096");
+    figure pp = aggregate(base, "pingpong_64");
+    if (pp.present) {
+      std::printf("  %-8s %-24s %12s %9s %12.0f %9s (raw 64-byte ping-pong: %.1f us round trip)\n", "64 B",
+                  "ping-pong (reference)", "-", "-", pp.ops_s, "-", 1e6 / pp.ops_s * st.W);
+      results.push_back({"raw_" + cl + "_pingpong_64_ops", pp.ops_s, "ops/s", -1, -1});
+      target_figs[cl + "pingpong"] = pp;
+    }
+    std::fflush(stdout);
+  }
+
+  // Targets (issue 3), judged on the 1x1 figures.
+  std::printf("\nTargets (issue 3, 1 worker x 1 server)%s:\n", quick ? " -- not judged in --quick" : "");
+  auto judge = [&](const std::string& what, double v, double ref, double want, const char* unit) {
+    if (quick) return;
+    const bool met = ref > 0 ? v / ref >= want : v > want;
+    if (ref > 0)
+      std::printf("  %-44s %.3f x (%.4g vs %.4g %s), want >= %.2f x: %s\n", what.c_str(), v / ref, v, ref, unit, want,
+                  met ? "met" : "NOT met");
+    else
+      std::printf("  %-44s %.4g %s, want > %.4g: %s\n", what.c_str(), v, unit, want, met ? "met" : "NOT met");
+  };
+  if (!quick) {
+    const std::string big = std::to_string(64 << 20);
+    auto f = [&](const std::string& k) { return target_figs.count(k) ? target_figs[k].gb_s : 0.0; };
+    auto o = [&](const std::string& k) { return target_figs.count(k) ? target_figs[k].ops_s : 0.0; };
+    judge("64 MiB push vs raw TCP", f("1x1push_" + big), f("1x1push_" + big + "#base"), 0.9, "GB/s");
+    judge("64 MiB pull vs raw TCP", f("1x1pull_" + big), f("1x1pull_" + big + "#base"), 0.9, "GB/s");
+    judge("4 KiB push+wait vs raw 64 B ping-pong", o("1x1pushwait_4096"), o("1x1pingpong"), 0.8, "ops/s");
+    judge("4 KiB push+wait vs raw 4 KiB push+ack", o("1x1pushwait_4096"), o("1x1pushwait_4096#base"), 0.8, "ops/s");
+    judge("4 KiB pushes, 1000 keys in flight", o("1x1many_4096"), 0, 100000, "ops/s");
+  }
+
+  if (!json.empty()) {
+    std::ofstream f(json);
+    f << "[\n";
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      char buf[512];
+      if (r.baseline >= 0)
+        std::snprintf(buf, sizeof buf,
+                      "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": %.6g, \"ratio\": %.4f}",
+                      r.name.c_str(), r.value, r.unit.c_str(), r.baseline, r.ratio);
+      else
+        std::snprintf(buf, sizeof buf,
+                      "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": null, \"ratio\": null}",
+                      r.name.c_str(), r.value, r.unit.c_str());
+      f << buf << (i + 1 < results.size() ? ",\n" : "\n");
+    }
+    f << "]\n";
+    if (!f) {
+      std::fprintf(stderr, "kv_bench: cannot write %s\n", json.c_str());
+      ok = false;
+    }
+  }
+  if (!ok) std::fprintf(stderr, "kv_bench: FAILED (see above)\n");
+  return ok ? 0 : 1;
+}
