@@ -1,0 +1,285 @@
+#include <kvstore/dist.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "dist_cluster.hpp"
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+// The contract's dist semantics with exact values, ranks as threads (tests/dist_cluster.hpp).
+
+namespace {
+
+using kvstore::dist;
+using kvstore::errc;
+using kvstore::KVStore;
+
+template <class T = float>
+std::vector<T> filled(std::size_t n, T v) {
+  return std::vector<T>(n, v);
+}
+template <class T = float>
+std::vector<T> iota(std::size_t n, T start, T step = 1) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = start + step * static_cast<T>(i);
+  return v;
+}
+
+// Runs f, which must throw kvstore::error with `code` and a message containing every part.
+template <class F>
+void expect_error(F&& f, errc code, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    FAIL("no exception; expected one containing " << *parts.begin());
+  } catch (const kvstore::error& e) {
+    CHECK_MESSAGE(e.code() == make_error_code(code), e.what());
+    for (auto& p : parts) CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
+  }
+}
+
+}  // namespace
+
+namespace doctest {
+template <class T>
+struct StringMaker<std::vector<T>> {
+  static String convert(const std::vector<T>& v) {
+    std::string s = "{";
+    for (std::size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    if (v.size() > 16) s += ", ... (" + std::to_string(v.size()) + ")";
+    return (s + "}").c_str();
+  }
+};
+}  // namespace doctest
+
+TEST_CASE("type, rank and num_workers; a key pulled after init has rank 0's value" * doctest::timeout(30)) {
+  for (bool sync : {true, false}) {
+    CAPTURE(sync);
+    kvtest::cluster c(kvtest::test_options(3, 2, sync));
+    std::array<std::atomic<int>, 3> seen{};
+    c.run_workers([&](KVStore<dist>& kv) {
+      CHECK(kv.type() == (sync ? "dist_sync" : "dist_async"));
+      CHECK(kv.num_workers() == 3);
+      CHECK(kv.num_servers() == 2);
+      REQUIRE(kv.rank() >= 0);
+      REQUIRE(kv.rank() < 3);
+      seen[static_cast<std::size_t>(kv.rank())]++;
+      const float mine = 10.0f * static_cast<float>(kv.rank() + 1);
+      auto v = filled(5, mine);
+      kv.init(3, v);
+      kv.init("fc1.w", iota(4, mine));
+      std::vector<float> out(5, -1), named(4, -1);
+      kv.pull(3, out).wait();
+      kv.pull("fc1.w", named).wait();
+      CHECK(out == filled(5, 10.0f));  // rank 0's value, on every worker, right after init
+      CHECK(named == iota(4, 10.0f));
+    });
+    for (auto& s : seen) CHECK(s == 1);  // every rank once
+  }
+}
+
+TEST_CASE("dist_sync: a round stores the sum of all workers' pushes; pushes of several devices are summed" *
+          doctest::timeout(30)) {
+  kvtest::cluster c(kvtest::test_options(2, 2));
+  c.run_workers([](KVStore<dist>& kv) {
+    const float r = static_cast<float>(kv.rank());
+    kv.init(7, filled(6, 100.0f));
+    // Round 1: one value each: 1 + 2.
+    kv.push(7, filled(6, r + 1)).wait();
+    std::vector<float> out(6);
+    kv.pull(7, out).wait();
+    CHECK(out == filled(6, 3.0f));
+    // Round 2: two devices each, summed locally first: (1 + 10) + (2 + 20).
+    auto a = filled(6, r + 1), b = filled(6, 10 * (r + 1));
+    kv.push(7, {std::span<const float>(a), std::span<const float>(b)}).wait();
+    std::vector<float> o1(6), o2(6);
+    kv.pull(7, {std::span<float>(o1), std::span<float>(o2)}).wait();
+    CHECK(o1 == filled(6, 33.0f));
+    CHECK(o2 == filled(6, 33.0f));
+    // Element-wise: different values per element survive the sum.
+    kv.push(7, iota(6, r, 2.0f)).wait();  // rank 0: 0,2,4..; rank 1: 1,3,5..
+    kv.pull(7, out).wait();
+    CHECK(out == iota(6, 1.0f, 4.0f));
+  });
+}
+
+TEST_CASE("push and pull of several keys in one call; pushpull returns the value after this push" *
+          doctest::timeout(30)) {
+  kvtest::cluster c(kvtest::test_options(2, 3));
+  c.run_workers([](KVStore<dist>& kv) {
+    const float r = static_cast<float>(kv.rank());
+    std::vector<kvstore::key> ks{1, 2, "bias", 40};
+    std::vector<std::vector<float>> init{filled(3, 1.0f), filled(1, 2.0f), filled(8, 3.0f), filled(2, 4.0f)};
+    std::vector<std::span<const float>> iv(init.begin(), init.end());
+    kv.init(ks, iv);
+    std::vector<std::vector<float>> g{filled(3, r + 1), filled(1, 10 * (r + 1)), iota(8, r), filled(2, -r)};
+    std::vector<std::span<const float>> gv(g.begin(), g.end());
+    kv.push(ks, gv).wait();
+    std::vector<std::vector<float>> out{filled(3, 0.0f), filled(1, 0.0f), filled(8, 0.0f), filled(2, 0.0f)};
+    std::vector<std::span<float>> ov(out.begin(), out.end());
+    kv.pull(ks, ov).wait();
+    CHECK(out[0] == filled(3, 3.0f));
+    CHECK(out[1] == filled(1, 30.0f));
+    CHECK(out[2] == iota(8, 1.0f, 2.0f));
+    CHECK(out[3] == filled(2, -1.0f));
+    // The same key twice in one multi-key push: its values are summed first (one message).
+    std::vector<kvstore::key> twice{1, 1};
+    auto x = filled(3, 1.0f), y = filled(3, 2.0f);
+    std::vector<std::span<const float>> xy{x, y};
+    kv.push(twice, xy).wait();
+    std::vector<float> o1(3);
+    kv.pull(1, o1).wait();
+    CHECK(o1 == filled(3, 6.0f));  // (1 + 2) from each of 2 workers
+    // pushpull: 5 + 7 from the two workers, seen by both.
+    std::vector<float> pp(8, -1);
+    kv.pushpull("bias", filled(8, r == 0 ? 5.0f : 7.0f), pp).wait();
+    CHECK(pp == filled(8, 12.0f));
+  });
+}
+
+TEST_CASE("push_rows and pull_rows touch only the named rows" * doctest::timeout(30)) {
+  kvtest::cluster c(kvtest::test_options(2, 2));
+  c.run_workers([](KVStore<dist>& kv) {
+    constexpr std::size_t rows = 6, rl = 3;
+    kv.init("emb", iota(rows * rl, 0.0f), rl);  // row i: 3i, 3i+1, 3i+2
+    std::vector<std::int64_t> none;
+    // Worker 0 pushes rows 1 and 4, worker 1 pushes rows 4 and 5: row 4 gets the sum.
+    std::vector<std::int64_t> mine = kv.rank() == 0 ? std::vector<std::int64_t>{1, 4} : std::vector<std::int64_t>{4, 5};
+    auto vals = filled(2 * rl, kv.rank() == 0 ? 1.0f : 2.0f);
+    kv.push_rows("emb", mine, vals).wait();
+    std::vector<std::int64_t> ask{5, 0, 4, 1};
+    std::vector<float> out(ask.size() * rl, -1);
+    kv.pull_rows("emb", ask, out).wait();
+    const std::vector<float> want{2, 2, 2, 0, 1, 2, 3, 3, 3, 1, 1, 1};
+    CHECK(out == want);
+    std::vector<float> all(rows * rl);
+    kv.pull("emb", all).wait();
+    std::vector<float> full = iota(rows * rl, 0.0f);
+    for (std::size_t j = 0; j < rl; ++j) {
+      full[1 * rl + j] = 1;
+      full[4 * rl + j] = 3;
+      full[5 * rl + j] = 2;
+    }
+    CHECK(all == full);
+    // Pulling no rows is a no-op that completes.
+    std::vector<float> empty;
+    kv.pull_rows("emb", none, empty).wait();
+  });
+}
+
+TEST_CASE("ops on one key take effect in issue order whatever their priorities" * doctest::timeout(30)) {
+  kvtest::cluster c(kvtest::test_options(1, 2));
+  c.run_workers([](KVStore<dist>& kv) {
+    kv.init(5, filled(1000, 0.0f));
+    constexpr int n = 40;
+    std::vector<std::vector<float>> vals, outs;
+    for (int i = 0; i < n; ++i) {
+      vals.push_back(filled(1000, static_cast<float>(i + 1)));
+      outs.push_back(filled(1000, -1.0f));
+    }
+    std::vector<kvstore::op> ops;
+    for (int i = 0; i < n; ++i) {
+      // Later ops get alternately far higher and far lower priorities than earlier ones.
+      const int prio = (i % 2 ? 1000 : -1000) * (i + 1);
+      ops.push_back(kv.push(5, vals[static_cast<std::size_t>(i)], prio));
+      ops.push_back(kv.pull(5, outs[static_cast<std::size_t>(i)], -prio));
+    }
+    kv.wait(5);
+    for (auto& o : ops) CHECK(o.ready());
+    for (int i = 0; i < n; ++i) CHECK(outs[static_cast<std::size_t>(i)] == filled(1000, static_cast<float>(i + 1)));
+    // wait_all covers every key.
+    kv.init(6, filled(2, 0.0f));
+    const auto nine = filled(2, 9.0f);  // alive until the op is done (the buffer rule)
+    auto p = kv.push(6, nine, 3);
+    std::vector<float> o(2);
+    auto q = kv.pull(6, o, -3);
+    kv.wait_all();
+    CHECK(p.ready());
+    CHECK(q.ready());
+    CHECK(o == filled(2, 9.0f));
+  });
+}
+
+TEST_CASE("dist_async: each push is applied on arrival" * doctest::timeout(30)) {
+  kvtest::cluster c(kvtest::test_options(2, 2, /*sync=*/false));
+  c.run_workers([](KVStore<dist>& kv) {
+    kv.init(1, filled(4, 0.0f));
+    // No optimizer: a push replaces the value, so one worker's push is seen at once, without
+    // waiting for the other worker.
+    if (kv.rank() == 0) {
+      kv.push(1, filled(4, 8.0f)).wait();
+      std::vector<float> out(4);
+      kv.pull(1, out).wait();
+      CHECK(out == filled(4, 8.0f));
+    }
+    kv.barrier();
+    // With sgd (lr 0.5) every gradient is applied: 100 - 0.5 * (sum of all pushes).
+    kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.5});
+    kv.init(2, filled(4, 100.0f));
+    for (int i = 0; i < 5; ++i) kv.push(2, filled(4, static_cast<float>(kv.rank() + 1))).wait();
+    kv.barrier();
+    std::vector<float> out(4);
+    kv.pull(2, out).wait();
+    CHECK(out == filled(4, 100.0f - 0.5f * 5 * 3));
+  });
+}
+
+TEST_CASE("KVStore<dist, double>: values and sums in double precision" * doctest::timeout(30)) {
+  kvtest::cluster c(kvtest::test_options(2, 2));
+  c.run_workers<double>([](KVStore<dist, double>& kv) {
+    // 1 + 2^-40 is not a float: the value must travel and be summed as double.
+    const double tiny = 1.0 / static_cast<double>(std::uint64_t{1} << 40);
+    kv.init("w", filled<double>(300, 1.0 + tiny));
+    std::vector<double> out(300);
+    kv.pull("w", out).wait();
+    CHECK(out == filled<double>(300, 1.0 + tiny));
+    kv.push("w", filled<double>(300, kv.rank() == 0 ? tiny : 1.0)).wait();
+    kv.pull("w", out).wait();
+    CHECK(out == filled<double>(300, 1.0 + tiny));
+    kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.25});
+    kv.push("w", filled<double>(300, kv.rank() == 0 ? 2.0 : 2.0 + 4 * tiny)).wait();
+    kv.pull("w", out).wait();
+    CHECK(out == filled<double>(300, (1.0 + tiny) - 0.25 * (4.0 + 4 * tiny)));
+    // Rows in double too.
+    kv.init(9, iota<double>(8, 0.5), 2);
+    std::vector<std::int64_t> rows{3};
+    std::vector<double> r(2);
+    kv.pull_rows(9, rows, r).wait();
+    CHECK(r == std::vector<double>{6.5, 7.5});
+  });
+}
+
+TEST_CASE("a moved store keeps working; misuse is a kvstore::error naming the key" * doctest::timeout(30)) {
+  kvtest::cluster c(kvtest::test_options(1, 1));
+  c.run_workers([](KVStore<dist>& kv0) {
+    KVStore<dist> kv(std::move(kv0));
+    kv.init(11, filled(3, 1.0f));
+    kv.init("m", iota(6, 0.0f), 2);
+    std::vector<float> out(3);
+    expect_error([&] { kv.pull(12, out); }, errc::unknown_key, {"12", "never inited"});
+    expect_error([&] { kv.push("nope", filled(3, 1.0f)); }, errc::unknown_key, {"\"nope\""});
+    expect_error([&] { kv.push(11, filled(4, 1.0f)); }, errc::size_mismatch, {"11", "4", "3"});
+    expect_error([&] { kv.init(11, filled(3, 1.0f)); }, errc::already_inited, {"11"});
+    std::vector<std::int64_t> bad{0, 3}, neg{-1}, ok{1};
+    std::vector<float> two(4), one(2);
+    expect_error([&] { kv.pull_rows("m", bad, two); }, errc::row_out_of_range, {"\"m\"", "row 3"});
+    expect_error([&] { kv.push_rows("m", neg, one); }, errc::row_out_of_range, {"\"m\"", "row -1"});
+    expect_error([&] { kv.pull_rows(11, ok, one); }, errc::not_a_matrix, {"11"});
+    expect_error([&] { kv.init(13, filled(5, 1.0f), 2); }, errc::size_mismatch, {"13"});
+    // The store still works after every refusal.
+    kv.push(11, filled(3, 4.0f)).wait();
+    kv.pull(11, out).wait();
+    CHECK(out == filled(3, 4.0f));
+    // A refused init left no trace: key 13 can be inited properly now.
+    kv.init(13, filled(4, 2.0f), 2);
+    std::vector<float> o13(4);
+    kv.pull(13, o13).wait();
+    CHECK(o13 == filled(4, 2.0f));
+  });
+}
