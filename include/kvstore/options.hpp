@@ -22,6 +22,14 @@ struct local_options {
   std::size_t parallel_reduce_min = std::size_t{1} << 16;
 };
 
+/// How one connection authenticates and times out (see transport/connection.hpp).
+struct transport_security {
+  std::string token;
+  bool acceptor = false;
+  std::chrono::milliseconds handshake_timeout{5'000};
+  std::chrono::milliseconds idle_timeout{0};
+};
+
 /// The role of a process in a distributed job.
 enum class role { worker, server, scheduler };
 
@@ -57,6 +65,14 @@ struct dist_options {
   /// A node not heard from for this long is dead for the scheduler (and reported to the others).
   std::chrono::milliseconds dead_timeout{10'000};
 
+  /// A peer must prove the token within this long after connecting, or it is dropped.
+  std::chrono::milliseconds handshake_timeout{5'000};
+  /// A server or the scheduler drops a connection silent for this long (0: never). Workers and
+  /// servers send heartbeats every heartbeat_interval, so only a stuck or rogue peer hits it.
+  std::chrono::milliseconds idle_timeout{60'000};
+  /// Most connections a server or the scheduler holds at once; more are closed on accept.
+  std::size_t max_connections = 4096;
+
   /// Values above this many bytes are sliced evenly over all servers.
   std::size_t slice_bytes = std::size_t{1} << 20;
   /// Payloads are sent in frames of at most this many bytes, so a later high-priority message
@@ -68,6 +84,16 @@ struct dist_options {
   unsigned threads = 0;
   /// Barrier with all workers when the store is destroyed.
   bool barrier_before_exit = true;
+
+  /// The transport security of a connection this node accepts (acceptor) or opens.
+  transport_security security(bool acceptor) const {
+    transport_security s;
+    s.token = token;
+    s.acceptor = acceptor;
+    s.handshake_timeout = handshake_timeout;
+    s.idle_timeout = acceptor ? idle_timeout : std::chrono::milliseconds(0);
+    return s;
+  }
 
   /// "dist_sync" or "dist_async".
   std::string type_name() const { return sync ? "dist_sync" : "dist_async"; }

@@ -153,7 +153,7 @@ class worker_client final : public transport::frame_handler {
   void join() {
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
                                               opts_.connect_timeout, "the scheduler");
-    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, small_limits());
+    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, small_limits(), opts_.security(false));
     sched_->start();
     transport::out_frame f;
     f.h.command = wire::cmd::reg;
@@ -168,7 +168,8 @@ class worker_client final : public transport::frame_handler {
     for (auto& s : servers_) {
       auto ss = transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout,
                                               node_name(s.id));
-      auto c = std::make_shared<transport::connection>(std::move(ss), *this, data_limits(), opts_.chunk_bytes);
+      auto c = std::make_shared<transport::connection>(std::move(ss), *this, data_limits(), opts_.security(false),
+                                                       opts_.chunk_bytes);
       c->peer_id = s.id;
       c->peer_rank = s.rank;
       c->peer_role = static_cast<int>(role::server);
@@ -205,16 +206,20 @@ class worker_client final : public transport::frame_handler {
     auto now = clock::now();
     if (now >= next_heartbeat_) {
       next_heartbeat_ = now + opts_.heartbeat_interval;
-      std::shared_ptr<transport::connection> s;
+      // To the scheduler (liveness) and to every server (so their idle deadline never hits a
+      // worker that is only computing).
+      std::vector<std::shared_ptr<transport::connection>> to;
       {
         std::lock_guard lk(m_);
-        if (sched_down_.empty()) s = sched_;
+        if (sched_down_.empty()) to.push_back(sched_);
+        for (auto& s : servers_)
+          if (s.down.empty() && s.conn) to.push_back(s.conn);
       }
-      if (s) {
+      for (auto& c : to) {
         transport::out_frame f;
         f.h.command = wire::cmd::heartbeat;
         f.h.sender = id_;
-        s->send(std::move(f));
+        c->send(std::move(f));
       }
     }
     std::vector<request> expired;

@@ -82,7 +82,13 @@ class scheduler final : public transport::frame_handler {
   void accept() {
     acceptor_.async_accept([this](boost::system::error_code ec, transport::tcp::socket s) {
       if (ec) return;  // acceptor closed
-      auto c = std::make_shared<transport::connection>(std::move(s), *this, limits());
+      if (pending_.size() + nodes_.size() >= opts_.max_connections) {
+        detail::log_warn("scheduler", "refused a connection: max_connections reached");
+        boost::system::error_code ig;
+        s.close(ig);
+        return accept();
+      }
+      auto c = std::make_shared<transport::connection>(std::move(s), *this, limits(), opts_.security(true));
       pending_.insert(c);
       c->start();
       accept();

@@ -55,7 +55,7 @@ class server final : public transport::frame_handler {
   void run() {
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
                                               opts_.connect_timeout, "the scheduler");
-    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits());
+    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits(), opts_.security(false));
     sched_->start();
     transport::out_frame reg;
     reg.h.command = wire::cmd::reg;
@@ -90,7 +90,14 @@ class server final : public transport::frame_handler {
   void accept() {
     acceptor_.async_accept([this](boost::system::error_code ec, transport::tcp::socket s) {
       if (ec) return;
-      auto c = std::make_shared<transport::connection>(std::move(s), *this, worker_limits(),
+      if (workers_.size() >= opts_.max_connections) {
+        detail::log_warn(who_, "refused a connection: already " + std::to_string(workers_.size()) +
+                                   " (max_connections)");
+        boost::system::error_code ig;
+        s.close(ig);
+        return accept();
+      }
+      auto c = std::make_shared<transport::connection>(std::move(s), *this, worker_limits(), opts_.security(true),
                                                        opts_.chunk_bytes);
       workers_.insert(c);
       c->start();

@@ -6,6 +6,9 @@
 #pragma once
 
 #include <kvstore/error.hpp>
+#include <kvstore/detail/log.hpp>
+#include <kvstore/options.hpp>
+#include <kvstore/transport/auth.hpp>
 #include <kvstore/wire/frame.hpp>
 
 #include <boost/asio.hpp>
@@ -41,6 +44,11 @@ struct out_frame {
 
 class connection;
 
+/// How a connection proves itself. The accepting side challenges, the connecting side answers;
+/// until the answer checks out the acceptor reads nothing but it, under tight limits and a
+/// deadline. After that, a connection silent for longer than idle_timeout (0: never) is closed.
+using security = transport_security;
+
 /// What the owner of a connection (worker, server, scheduler) implements.
 class frame_handler {
  public:
@@ -57,9 +65,10 @@ class frame_handler {
 
 class connection : public std::enable_shared_from_this<connection> {
  public:
-  connection(tcp::socket sock, frame_handler& handler, wire::limits lim,
+  connection(tcp::socket sock, frame_handler& handler, wire::limits lim, security sec,
              std::size_t gather_bytes = std::size_t{1} << 20)
-      : sock_(std::move(sock)), handler_(&handler), limits_(lim), gather_bytes_(gather_bytes) {
+      : sock_(std::move(sock)), timer_(sock_.get_executor()), handler_(&handler), limits_(lim),
+        sec_(std::move(sec)), gather_bytes_(gather_bytes) {
     boost::system::error_code ec;
     sock_.set_option(tcp::no_delay(true), ec);
     try {
@@ -71,10 +80,14 @@ class connection : public std::enable_shared_from_this<connection> {
     rbuf_.resize(64 * 1024);
   }
 
-  /// Starts reading. Call once, after the owner has stored the shared_ptr.
+  /// Starts the handshake and reading. Call once, after the owner has stored the shared_ptr.
+  /// Frames sent before the handshake is done wait for it.
   void start() {
-    asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->read_more(); });
+    asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->begin(); });
   }
+
+  /// True once the peer proved the token (acceptor) or the proof was sent (connector).
+  bool authenticated() const noexcept { return authed_.load(); }
 
   /// Queues a frame; thread-safe. Frames of equal priority go out in the order queued.
   void send(out_frame f) {
@@ -85,7 +98,7 @@ class connection : public std::enable_shared_from_this<connection> {
       std::lock_guard lk(qm_);
       if (closed_) return;
       queue_.push(queued{std::move(f), seq_++});
-      if (!writing_) {
+      if (!writing_ && authed_) {
         writing_ = true;
         start = true;
       }
@@ -122,9 +135,108 @@ class connection : public std::enable_shared_from_this<connection> {
     }
   };
 
+  // ---- handshake ----------------------------------------------------------------------------
+  void begin() {
+    if (closed_flag_) return;
+    if (sec_.acceptor) {
+      // Until the proof arrives: one small frame at most, within the deadline.
+      full_limits_ = limits_;
+      limits_.max_payload = 0;
+      limits_.max_meta = proof_size;
+      nonce_ = make_nonce();
+      wire::header h;
+      h.command = wire::cmd::challenge;
+      h.meta_len = static_cast<std::uint32_t>(nonce_.size());
+      hs_hdr_ = wire::encode(h);
+      std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(nonce_)};
+      asio::async_write(sock_, b, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+        if (ec) self->fail("write: " + ec.message());
+      });
+    } else {
+      full_limits_ = limits_;
+      limits_.max_payload = 0;
+      limits_.max_meta = nonce_size;
+    }
+    arm_timer(sec_.handshake_timeout, true);
+    read_more();
+  }
+
+  // The first frame of a connection: the proof (acceptor side) or the challenge (connector).
+  void handshake(const wire::header& h, const std::string& meta) {
+    if (sec_.acceptor) {
+      if (h.command != wire::cmd::auth) return fail("unauthenticated frame before the token proof");
+      if (!check_proof(sec_.token, nonce_, meta)) {
+        // Say why before closing, so a misconfigured node reports a wrong token, not a mystery.
+        wire::header r;
+        r.command = wire::cmd::response;
+        r.status = static_cast<std::uint32_t>(errc::auth_failed);
+        hs_hdr_ = wire::encode(r);
+        asio::async_write(sock_, asio::buffer(hs_hdr_), [self = shared_from_this()](boost::system::error_code, std::size_t) {
+          self->fail("authentication failed (wrong token)");
+        });
+        closing_ = true;
+        return;
+      }
+      authed_ = true;
+      limits_ = full_limits_;
+      arm_timer(sec_.idle_timeout, false);
+      start_writing();
+      return;
+    }
+    if (h.command != wire::cmd::challenge || meta.size() != nonce_size)
+      return fail("expected the peer's challenge first");
+    // The proof goes out before any queued frame.
+    wire::header a;
+    a.command = wire::cmd::auth;
+    a.meta_len = static_cast<std::uint32_t>(proof_size);
+    hs_hdr_ = wire::encode(a);
+    proof_ = make_proof(sec_.token, meta);
+    std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(proof_)};
+    asio::async_write(sock_, b, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+      if (ec) return self->fail("write: " + ec.message());
+      self->authed_ = true;
+      self->limits_ = self->full_limits_;
+      self->arm_timer(self->sec_.idle_timeout, false);
+      self->start_writing();
+    });
+  }
+
+  void start_writing() {
+    {
+      std::lock_guard lk(qm_);
+      if (writing_ || queue_.empty() || closed_) return;
+      writing_ = true;
+    }
+    write_more();
+  }
+
+  // Handshake deadline, then (if set) the idle deadline, checked a few times per period.
+  void arm_timer(std::chrono::milliseconds period, bool handshake) {
+    timer_.cancel();
+    if (period.count() <= 0) return;
+    last_rx_ = std::chrono::steady_clock::now();
+    timer_.expires_after(handshake ? period : period / 4 + std::chrono::milliseconds(1));
+    timer_.async_wait([self = shared_from_this(), period, handshake](boost::system::error_code ec) {
+      if (ec || self->closed_flag_) return;
+      if (handshake) {
+        if (!self->authed_) self->fail("no authentication within " + std::to_string(period.count()) + " ms");
+        return;
+      }
+      self->check_idle(period);
+    });
+  }
+  void check_idle(std::chrono::milliseconds period) {
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_rx_ > period) return fail("idle for more than " + std::to_string(period.count()) + " ms");
+    timer_.expires_after(period / 4 + std::chrono::milliseconds(1));
+    timer_.async_wait([self = shared_from_this(), period](boost::system::error_code ec) {
+      if (!ec && !self->closed_flag_) self->check_idle(period);
+    });
+  }
+
   // ---- reading ------------------------------------------------------------------------------
   void read_more() {
-    if (closed_flag_) return;
+    if (closed_flag_ || closing_) return;
     if (rend_ == rbuf_.size()) {
       // Compact so the next header fits.
       std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, rend_ - rbeg_);
@@ -137,6 +249,7 @@ class connection : public std::enable_shared_from_this<connection> {
                                                           ? "closed by peer"
                                                           : "read: " + ec.message());
                             self->rend_ += n;
+                            self->last_rx_ = std::chrono::steady_clock::now();
                             self->parse();
                           });
   }
@@ -144,7 +257,7 @@ class connection : public std::enable_shared_from_this<connection> {
   // Parses as many whole frames as the buffer holds; reads big payloads straight to their sink.
   void parse() {
     for (;;) {
-      if (closed_flag_) return;
+      if (closed_flag_ || closing_) return;
       std::size_t avail = rend_ - rbeg_;
       if (stage_ == stage::header) {
         if (avail < wire::header_size) {
@@ -170,10 +283,13 @@ class connection : public std::enable_shared_from_this<connection> {
         rbeg_ += take;
         if (meta_.size() < cur_.meta_len) return read_more();
         // Meta complete: choose the payload's destination.
-        try {
-          sink_ = handler_->payload_sink(*this, cur_);
-        } catch (const std::exception& e) {
-          return fail(std::string("refused frame: ") + e.what());
+        sink_ = {};
+        if (authed_) {
+          try {
+            sink_ = handler_->payload_sink(*this, cur_);
+          } catch (const std::exception& e) {
+            return fail(std::string("refused frame: ") + e.what());
+          }
         }
         if (sink_.size() != cur_.payload_len) {
           own_.resize(cur_.payload_len);
@@ -208,6 +324,14 @@ class connection : public std::enable_shared_from_this<connection> {
   void deliver() {
     stage_ = stage::header;
     auto payload = std::span<const std::byte>(sink_.data(), cur_.payload_len);
+    if (!authed_ || closing_) {
+      if (!closing_) handshake(cur_, meta_);
+      meta_.clear();
+      return;
+    }
+    if (!sec_.acceptor && cur_.command == wire::cmd::response && cur_.req_id == 0 &&
+        cur_.status == static_cast<std::uint32_t>(errc::auth_failed))
+      return fail("the peer refused this node's token (KVSTORE_TOKEN differs)");
     try {
       handler_->on_frame(*this, cur_, std::move(meta_), payload);
     } catch (const std::exception& e) {
@@ -259,6 +383,7 @@ class connection : public std::enable_shared_from_this<connection> {
       while (!queue_.empty()) queue_.pop();
     }
     boost::system::error_code ec;
+    timer_.cancel();
     sock_.shutdown(tcp::socket::shutdown_both, ec);
     sock_.close(ec);
     handler_->on_close(*this, reason);
@@ -267,9 +392,17 @@ class connection : public std::enable_shared_from_this<connection> {
   enum class stage { header, meta, payload };
 
   tcp::socket sock_;
+  asio::steady_timer timer_;
   frame_handler* handler_;
   wire::limits limits_;
+  wire::limits full_limits_;
+  security sec_;
   std::size_t gather_bytes_;
+  std::atomic<bool> authed_{false};
+  bool closing_ = false;  // refused: reading stops, the refusal is being written
+  std::string nonce_, proof_;
+  wire::header_bytes hs_hdr_{};
+  std::chrono::steady_clock::time_point last_rx_{};
   std::string remote_;
 
   std::vector<std::byte> rbuf_;

@@ -24,7 +24,7 @@ inline constexpr std::uint64_t max_meta_default = std::uint64_t{64} << 20;
 
 enum class cmd : std::uint16_t {
   hello = 1,        ///< first frame on a connection: role, rank, node id (meta: token proof)
-  challenge,        ///< server -> client: nonce to answer (auth)
+  challenge,        ///< acceptor -> client, first frame of every connection: nonce (meta)
   reg,              ///< node -> scheduler: register (meta: host, port)
   address_book,     ///< scheduler -> node: ids, ranks, servers' addresses (meta)
   barrier,          ///< worker -> scheduler; answered with response
@@ -45,7 +45,8 @@ enum class cmd : std::uint16_t {
   response,         ///< answer to a request: same req_id; status = errc; meta = message on error
   data,             ///< server -> worker: a chunk of a pull's answer (offset in `offset`)
   leave,            ///< worker -> servers/scheduler: no more rounds from this worker
-  last_ = leave,
+  auth,             ///< client -> acceptor: HMAC proof for the challenge's nonce (meta)
+  last_ = auth,
 };
 
 /// Element types on the wire.

@@ -1,0 +1,164 @@
+// Authentication, limits and hostile clients: a shared token proven by HMAC challenge-response
+// before anything else is read; wrong tokens, garbage, oversized frames, slow drips and floods of
+// connections are dropped while real workers go on.
+#include <kvstore/transport/auth.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "dist_cluster.hpp"
+
+#include <boost/asio.hpp>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+
+namespace {
+
+kvstore::dist_options secured(int w, int s, std::string token) {
+  auto o = kvtest::test_options(w, s);
+  o.token = std::move(token);
+  o.bind_host = "127.0.0.1";  // tests stay on loopback even with a token
+  o.handshake_timeout = 1'000ms;
+  o.idle_timeout = 2'000ms;
+  return o;
+}
+
+// A raw TCP client of the server: reads what it is sent until the peer closes or `limit`.
+struct raw_client {
+  asio::io_context io;
+  tcp::socket s{io};
+  explicit raw_client(std::uint16_t port) { s.connect({asio::ip::make_address("127.0.0.1"), port}); }
+  void write(const std::string& bytes) {
+    boost::system::error_code ec;
+    asio::write(s, asio::buffer(bytes), ec);
+  }
+  // True when the peer closed the connection within `limit`.
+  bool closed_within(std::chrono::milliseconds limit) {
+    s.non_blocking(true);
+    auto end = std::chrono::steady_clock::now() + limit;
+    char buf[4096];
+    while (std::chrono::steady_clock::now() < end) {
+      boost::system::error_code ec;
+      s.read_some(asio::buffer(buf), ec);
+      if (ec == asio::error::would_block) {
+        std::this_thread::sleep_for(10ms);
+        continue;
+      }
+      if (ec) return true;  // eof or reset
+    }
+    return false;
+  }
+};
+
+std::string header_bytes(kvstore::wire::header h) {
+  auto b = kvstore::wire::encode(h);
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+// Pushes and pulls through the cluster and checks the values: the servers still serve.
+void exercise(kvtest::cluster& c, float base) {
+  c.run_workers([base](kvstore::KVStore<kvstore::dist>& kv) {
+    std::vector<float> v(1000, base), out(1000);
+    const std::string name = "w" + std::to_string(static_cast<int>(base));
+    kv.init(name, v);
+    kv.push(name, v).wait();
+    kv.pull(name, out).wait();
+    for (float x : out) REQUIRE(x == base * static_cast<float>(kv.num_workers()));
+  });
+}
+
+}  // namespace
+
+TEST_CASE("proofs: right token checks, wrong token and tampering do not" * doctest::timeout(10)) {
+  auto n = kvstore::transport::make_nonce();
+  CHECK(n.size() == kvstore::transport::nonce_size);
+  CHECK(n != kvstore::transport::make_nonce());
+  auto p = kvstore::transport::make_proof("s3cret", n);
+  CHECK(kvstore::transport::check_proof("s3cret", n, p));
+  CHECK_FALSE(kvstore::transport::check_proof("s3cre", n, p));
+  CHECK_FALSE(kvstore::transport::check_proof("", n, p));
+  auto q = p;
+  q[5] = static_cast<char>(q[5] ^ 1);
+  CHECK_FALSE(kvstore::transport::check_proof("s3cret", n, q));
+  CHECK_FALSE(kvstore::transport::check_proof("s3cret", n, p.substr(1)));
+  auto m = n;
+  m[0] = static_cast<char>(m[0] ^ 1);
+  CHECK_FALSE(kvstore::transport::check_proof("s3cret", m, p));
+}
+
+TEST_CASE("a job with a token works; a worker with the wrong token is refused" * doctest::timeout(60)) {
+  kvtest::cluster c(secured(1, 1, "s3cret"));
+  // A worker with the wrong token cannot join: a clear error, no hang.
+  {
+    auto o = c.options();
+    o.token = "wrong";
+    o.connect_timeout = 3'000ms;
+    try {
+      kvstore::KVStore<kvstore::dist> kv(o);
+      FAIL("joined with a wrong token");
+    } catch (const kvstore::error& e) {
+      CHECK(std::string(e.what()).find("token") != std::string::npos);
+    }
+  }
+  exercise(c, 3);
+}
+
+TEST_CASE("hostile clients are dropped, workers go on" * doctest::timeout(90)) {
+  auto o = secured(1, 1, "s3cret");
+  kvtest::cluster c(o);
+  const auto port = c.server(0).port();
+
+  SUBCASE("garbage before authentication") {
+    raw_client g(port);
+    g.write(std::string(200, 'x'));
+    CHECK(g.closed_within(3'000ms));
+  }
+  SUBCASE("a data frame without the proof") {
+    raw_client g(port);
+    kvstore::wire::header h;
+    h.command = kvstore::wire::cmd::push;
+    h.payload_len = 8;
+    g.write(header_bytes(h) + std::string(8, '\0'));
+    CHECK(g.closed_within(3'000ms));
+  }
+  SUBCASE("an oversized length before authentication") {
+    raw_client g(port);
+    kvstore::wire::header h;
+    h.command = kvstore::wire::cmd::auth;
+    h.meta_len = 1u << 30;
+    g.write(header_bytes(h));
+    CHECK(g.closed_within(3'000ms));
+  }
+  SUBCASE("silence: the handshake deadline drops it") {
+    raw_client g(port);
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK(g.closed_within(5'000ms));
+    CHECK(std::chrono::steady_clock::now() - t0 >= 900ms);
+  }
+  SUBCASE("a slow drip of bytes is cut at the handshake deadline") {
+    raw_client g(port);
+    auto t0 = std::chrono::steady_clock::now();
+    bool closed = false;
+    for (int i = 0; i < 60 && !closed; ++i) {
+      g.write("K");
+      closed = g.closed_within(100ms);
+    }
+    CHECK(closed);
+    CHECK(std::chrono::steady_clock::now() - t0 < 4'000ms);
+  }
+  SUBCASE("a flood of connections") {
+    std::vector<std::unique_ptr<raw_client>> flood;
+    for (int i = 0; i < 200; ++i) flood.push_back(std::make_unique<raw_client>(port));
+    int closed = 0;
+    for (auto& f : flood) closed += f->closed_within(3'000ms);
+    CHECK(closed == 200);
+  }
+  exercise(c, 5);
+}
