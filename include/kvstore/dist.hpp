@@ -275,12 +275,10 @@ class KVStore<dist, T> {
       return f;
     }, [&](const wire::header&, std::span<const std::byte> payload) {
       std::lock_guard lk(m);
-      wire::meta_reader r(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
-      while (!r.done()) {
-        const std::uint64_t k = r.u64();
-        const auto t = static_cast<wire::dtype>(r.u32());
-        const std::uint64_t lo = r.u64(), hi = r.u64(), total = r.u64(), step = r.u64();
-        const std::uint32_t nslots = r.u32();
+      for (const auto& e : wire::decode_states({reinterpret_cast<const char*>(payload.data()), payload.size()})) {
+        const std::uint64_t k = e.key, lo = e.lo, hi = e.hi, total = e.total, step = e.step;
+        const auto t = e.type;
+        const std::uint32_t nslots = e.nslots;
         auto it = keys.find(k);
         if (t != dtype || it == keys.end() || it->second.total != total || hi > total || lo > hi ||
             nslots > optim::max_slots)
@@ -290,7 +288,7 @@ class KVStore<dist, T> {
         ks.st.step = std::max(ks.st.step, step);
         if (ks.st.slots.size() < nslots) ks.st.slots.resize(nslots, std::vector<T>(total, T{}));
         for (std::uint32_t s = 0; s < nslots; ++s) {
-          auto raw = r.bytes(sizeof(T) * (hi - lo));
+          auto raw = e.slot(s);
           std::memcpy(ks.st.slots[s].data() + lo, raw.data(), raw.size());
         }
       }

@@ -9,6 +9,7 @@
 #include <kvstore/options.hpp>
 #include <kvstore/rendezvous/nodes.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>
 
 #include <chrono>
@@ -319,15 +320,14 @@ class worker_client final : public transport::frame_handler {
   }
 
   void on_address_book(const wire::header& h, const std::string& meta) {
-    wire::meta_reader r(meta);
-    num_workers_ = static_cast<int>(r.u32());
-    const auto ns = r.u32();
-    std::vector<server_ref> servers(ns);
-    for (auto& s : servers) {
-      s.rank = static_cast<int>(r.u32());
-      s.id = static_cast<int>(r.u32());
-      s.host = r.str();
-      s.port = static_cast<std::uint16_t>(r.u32());
+    auto book = wire::decode_address_book(meta);  // validated: counts, ranks, hosts, ports
+    num_workers_ = book.num_workers;
+    std::vector<server_ref> servers(book.servers.size());
+    for (std::size_t i = 0; i < servers.size(); ++i) {
+      servers[i].rank = book.servers[i].rank;
+      servers[i].id = book.servers[i].id;
+      servers[i].host = std::move(book.servers[i].host);
+      servers[i].port = book.servers[i].port;
     }
     {
       std::lock_guard lk(m_);

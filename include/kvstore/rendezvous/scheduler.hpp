@@ -7,6 +7,7 @@
 #include <kvstore/options.hpp>
 #include <kvstore/rendezvous/nodes.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>
 
 #include <chrono>
@@ -183,15 +184,12 @@ class scheduler final : public transport::frame_handler {
   }
 
   void on_register(transport::connection& c, const wire::header& h, const std::string& meta) {
-    wire::meta_reader r(meta);
-    auto rr = static_cast<int>(r.u32());
-    if (rr != static_cast<int>(role::server) && rr != static_cast<int>(role::worker))
-      throw error(errc::protocol, "registration with an unknown role");
+    auto reg = wire::decode_registration(meta);  // validated: role, rank hint, host, port
     node n;
-    n.r = static_cast<role>(rr);
-    n.rank = static_cast<int>(r.i64());  // hint, -1 for none
-    n.host = r.str();
-    n.port = static_cast<std::uint16_t>(r.u32());
+    n.r = reg.r;
+    n.rank = reg.rank_hint;  // hint, -1 for none
+    n.host = std::move(reg.host);
+    n.port = reg.port;
     if (n.host.empty()) {
       auto rem = c.remote();
       n.host = rem.substr(0, rem.rfind(':'));

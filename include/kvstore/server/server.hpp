@@ -9,6 +9,7 @@
 #include <kvstore/rendezvous/nodes.hpp>
 #include <kvstore/server/shard.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>
 
 #include <functional>
@@ -215,8 +216,8 @@ class server final : public transport::frame_handler {
 
   void do_init(transport::connection& c, const wire::header& h, const std::string& meta,
                std::span<const std::byte> payload) {
-    wire::meta_reader r(meta);
-    const std::uint64_t lo = r.u64(), hi = r.u64(), rl = h.aux;
+    const auto [lo, hi] = wire::decode_init_meta(meta);
+    const std::uint64_t rl = h.aux;
     if (h.type != wire::dtype::f32 && h.type != wire::dtype::f64)
       throw error(errc::invalid_argument, "key " + key_str(h.key) + ": init without an element type");
     if (h.total == 0 || lo >= hi || hi > h.total || (rl && (h.total % rl || lo % rl || hi % rl)))
@@ -465,9 +466,7 @@ class server final : public transport::frame_handler {
   }
 
   void do_set_optimizer(transport::connection& c, const wire::header& h, const std::string& meta) {
-    wire::meta_reader r(meta);
-    auto name = r.str();
-    auto params = r.str();
+    auto [name, params] = wire::decode_optimizer(meta);
     auto f = optim::create_updater<float>(name, params);  // throws for unknown names, bad params
     auto d = optim::create_updater<double>(name, params);
     upd_f_ = std::move(f);
@@ -531,18 +530,17 @@ class server final : public transport::frame_handler {
   // Replaces the shard's optimizer states with those in `payload` (do_save_states' format);
   // everything is checked before anything changes.
   void do_load_states(transport::connection& c, const wire::header& h, std::span<const std::byte> payload) {
-    wire::meta_reader r(std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
     struct staged {
       slice* s;
       optim::state<float> f;
       optim::state<double> d;
     };
     std::vector<staged> all;
-    while (!r.done()) {
-      const std::uint64_t k = r.u64();
-      const auto t = static_cast<wire::dtype>(r.u32());
-      const std::uint64_t lo = r.u64(), hi = r.u64(), total = r.u64(), step = r.u64();
-      const std::uint32_t nslots = r.u32();
+    // Validated whole (types, ranges, sizes against the bytes present) before anything changes.
+    for (const auto& e : wire::decode_states({reinterpret_cast<const char*>(payload.data()), payload.size()})) {
+      const std::uint64_t k = e.key, lo = e.lo, hi = e.hi, total = e.total;
+      const auto t = e.type;
+      const std::uint32_t nslots = e.nslots;
       auto it = slices_.find(k);
       if (it == slices_.end() || !it->second.inited)
         throw error(errc::unknown_key, "optimizer states name key " + key_str(k) + ", unknown on " + who_);
@@ -555,12 +553,12 @@ class server final : public transport::frame_handler {
           if constexpr (std::is_same_v<T, float>) return st.f;
           else return st.d;
         }();
-        dst.step = step;
+        dst.step = e.step;
         dst.slots.resize(nslots);
-        for (auto& sl : dst.slots) {
-          auto raw = r.bytes(sizeof(T) * (hi - lo));
-          sl.resize(hi - lo);
-          std::memcpy(sl.data(), raw.data(), raw.size());
+        for (std::uint32_t i = 0; i < nslots; ++i) {
+          auto raw = e.slot(i);
+          dst.slots[i].resize(hi - lo);
+          std::memcpy(dst.slots[i].data(), raw.data(), raw.size());
         }
       });
       all.push_back(std::move(st));

@@ -1,0 +1,256 @@
+// Control messages as pure encode/decode pairs, so every byte a peer can send is parsed in one
+// place that a fuzzer reaches without sockets (fuzz/fuzz_messages.cpp). Each decoder checks the
+// whole message before returning: counts are bounded by the bytes actually present before
+// anything is allocated, enums are in range, ranges are ordered, sizes cannot overflow, and no
+// byte is left over. Any violation throws kvstore::error(errc::protocol, "<message>: <problem>").
+#pragma once
+
+#include <kvstore/error.hpp>
+#include <kvstore/options.hpp>
+#include <kvstore/wire/frame.hpp>
+#include <kvstore/wire/meta.hpp>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvstore::wire {
+
+/// Host names are at most 253 bytes (DNS); a longer one is garbage, not an address.
+inline constexpr std::size_t max_host_len = 255;
+/// Registered optimizer names are short; parameters are a short "k=v,..." text.
+inline constexpr std::size_t max_optimizer_name_len = 4096;
+/// At most this many optimizer slots per key (optim::max_slots is 2; a margin for new optimizers).
+inline constexpr std::uint32_t max_state_slots = 16;
+
+namespace detail {
+[[noreturn]] inline void bad(const char* what, const std::string& problem) {
+  throw error(errc::protocol, std::string(what) + ": " + problem);
+}
+inline void expect_done(const meta_reader& r, const char* what) {
+  if (!r.done()) bad(what, std::to_string(r.remaining()) + " unexpected trailing bytes");
+}
+inline std::uint16_t port_of(std::uint32_t p, const char* what) {
+  if (p > 65535) bad(what, "port " + std::to_string(p) + " out of range");
+  return static_cast<std::uint16_t>(p);
+}
+inline std::string host_of(meta_reader& r, const char* what) {
+  auto h = r.str();
+  if (h.size() > max_host_len) bad(what, "host name of " + std::to_string(h.size()) + " bytes");
+  if (h.find('\0') != std::string::npos) bad(what, "host name with a NUL byte");
+  return h;
+}
+/// Wraps meta_reader's "truncated control message" with the message's name.
+template <class F>
+auto parse(const char* what, F&& f) {
+  try {
+    return f();
+  } catch (const error& e) {
+    if (std::string_view(e.what()) == "truncated control message") bad(what, "truncated");
+    throw;
+  }
+}
+}  // namespace detail
+
+// ---- registration: node -> scheduler --------------------------------------------------------
+// u32 role | i64 rank hint | str host (empty: the scheduler uses the peer's address) | u32 port
+
+struct registration {
+  kvstore::role r = kvstore::role::worker;
+  int rank_hint = -1;  ///< negative: none
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+inline std::string encode_registration(const registration& m) {
+  meta_writer w;
+  w.u32(static_cast<std::uint32_t>(m.r)).i64(m.rank_hint).str(m.host).u32(m.port);
+  return w.take();
+}
+
+inline registration decode_registration(std::string_view s) {
+  static constexpr const char* what = "registration";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    registration m;
+    const auto role = r.u32();
+    if (role != static_cast<std::uint32_t>(kvstore::role::server) &&
+        role != static_cast<std::uint32_t>(kvstore::role::worker))
+      detail::bad(what, "unknown role " + std::to_string(role));
+    m.r = static_cast<kvstore::role>(role);
+    const auto hint = r.i64();
+    m.rank_hint = hint < 0 ? -1 : hint > INT_MAX ? -2 : static_cast<int>(hint);
+    if (m.rank_hint == -2) detail::bad(what, "rank hint " + std::to_string(hint) + " out of range");
+    m.host = detail::host_of(r, what);
+    m.port = detail::port_of(r.u32(), what);
+    detail::expect_done(r, what);
+    return m;
+  });
+}
+
+// ---- address book: scheduler -> node --------------------------------------------------------
+// u32 num_workers | u32 num_servers | per server, by rank: u32 rank | u32 id | str host | u32 port
+
+struct server_address {
+  int rank = 0;
+  int id = 0;
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+struct address_book {
+  int num_workers = 0;
+  std::vector<server_address> servers;  ///< servers[i].rank == i
+};
+
+inline std::string encode_address_book(const address_book& b) {
+  meta_writer w;
+  w.u32(static_cast<std::uint32_t>(b.num_workers)).u32(static_cast<std::uint32_t>(b.servers.size()));
+  for (auto& s : b.servers)
+    w.u32(static_cast<std::uint32_t>(s.rank)).u32(static_cast<std::uint32_t>(s.id)).str(s.host).u32(s.port);
+  return w.take();
+}
+
+inline address_book decode_address_book(std::string_view s) {
+  static constexpr const char* what = "address book";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    address_book b;
+    const auto nw = r.u32(), ns = r.u32();
+    if (nw > INT_MAX) detail::bad(what, std::to_string(nw) + " workers");
+    // Each server takes at least 16 bytes: never allocate for more than are present.
+    if (ns > r.remaining() / 16)
+      detail::bad(what, std::to_string(ns) + " servers in " + std::to_string(r.remaining()) + " bytes");
+    b.num_workers = static_cast<int>(nw);
+    b.servers.resize(ns);
+    for (std::uint32_t i = 0; i < ns; ++i) {
+      auto& a = b.servers[i];
+      const auto rank = r.u32(), id = r.u32();
+      if (rank != i) detail::bad(what, "entry " + std::to_string(i) + " has rank " + std::to_string(rank));
+      if (id > INT_MAX) detail::bad(what, "server id " + std::to_string(id) + " out of range");
+      a.rank = static_cast<int>(rank);
+      a.id = static_cast<int>(id);
+      a.host = detail::host_of(r, what);
+      a.port = detail::port_of(r.u32(), what);
+    }
+    detail::expect_done(r, what);
+    return b;
+  });
+}
+
+// ---- optimizer states of a shard: server <-> worker (save_states / load_states payloads) ------
+// per entry: u64 key | u32 dtype | u64 lo | u64 hi | u64 total | u64 step | u32 nslots, then
+// nslots slots of (hi - lo) raw elements each (native byte order, like every tensor payload).
+
+struct state_entry {
+  std::uint64_t key = 0;
+  dtype type = dtype::none;
+  std::uint64_t lo = 0, hi = 0, total = 0, step = 0;
+  std::uint32_t nslots = 0;
+  /// nslots * (hi - lo) * dtype_size(type) bytes: slot i is raw.substr(i * slot_bytes(), ...).
+  std::string_view raw;
+
+  std::size_t slot_bytes() const noexcept { return static_cast<std::size_t>(hi - lo) * dtype_size(type); }
+  std::string_view slot(std::uint32_t i) const { return raw.substr(i * slot_bytes(), slot_bytes()); }
+};
+
+/// The fixed part of an entry; append the slots' raw bytes after it.
+inline std::string encode_state_head(std::uint64_t key, dtype t, std::uint64_t lo, std::uint64_t hi,
+                                     std::uint64_t total, std::uint64_t step, std::uint32_t nslots) {
+  meta_writer w;
+  w.u64(key).u32(static_cast<std::uint32_t>(t)).u64(lo).u64(hi).u64(total).u64(step).u32(nslots);
+  return w.take();
+}
+
+inline constexpr std::size_t state_head_size = 8 + 4 + 8 * 4 + 4;
+
+/// Entries in order; their raw bytes point into `s`, which must outlive them.
+inline std::vector<state_entry> decode_states(std::string_view s) {
+  static constexpr const char* what = "optimizer states";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    std::vector<state_entry> out;
+    while (!r.done()) {
+      state_entry e;
+      e.key = r.u64();
+      const auto t = r.u32();
+      if (t != static_cast<std::uint32_t>(dtype::f32) && t != static_cast<std::uint32_t>(dtype::f64))
+        detail::bad(what, "unknown element type " + std::to_string(t));
+      e.type = static_cast<dtype>(t);
+      e.lo = r.u64();
+      e.hi = r.u64();
+      e.total = r.u64();
+      e.step = r.u64();
+      e.nslots = r.u32();
+      if (!(e.lo <= e.hi && e.hi <= e.total))
+        detail::bad(what, "key " + std::to_string(e.key) + ": range [" + std::to_string(e.lo) + ", " +
+                              std::to_string(e.hi) + ") of " + std::to_string(e.total));
+      if (e.nslots > max_state_slots)
+        detail::bad(what, "key " + std::to_string(e.key) + ": " + std::to_string(e.nslots) + " slots");
+      // nslots * (hi - lo) * elem without overflow: compare against the bytes present.
+      const std::uint64_t elem = dtype_size(e.type), n = e.hi - e.lo, avail = r.remaining();
+      if (e.nslots && (n > avail / elem / e.nslots))
+        detail::bad(what, "key " + std::to_string(e.key) + ": " + std::to_string(e.nslots) + " slots of " +
+                              std::to_string(n) + " elements in " + std::to_string(avail) + " bytes");
+      e.raw = r.bytes(static_cast<std::size_t>(e.nslots * n * elem));
+      out.push_back(e);
+    }
+    return out;
+  });
+}
+
+// ---- init metadata: worker -> server ---------------------------------------------------------
+// u64 lo | u64 hi: the server's slice of the key (checked against the header's total by the server)
+
+struct init_meta {
+  std::uint64_t lo = 0, hi = 0;
+};
+
+inline std::string encode_init_meta(const init_meta& m) {
+  meta_writer w;
+  w.u64(m.lo).u64(m.hi);
+  return w.take();
+}
+
+inline init_meta decode_init_meta(std::string_view s) {
+  static constexpr const char* what = "init metadata";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    init_meta m;
+    m.lo = r.u64();
+    m.hi = r.u64();
+    detail::expect_done(r, what);
+    return m;
+  });
+}
+
+// ---- set_optimizer metadata: worker -> server ------------------------------------------------
+// str name | str params: a registered optimizer's name and parameters, never code
+
+struct optimizer_spec {
+  std::string name, params;
+};
+
+inline std::string encode_optimizer(const optimizer_spec& m) {
+  meta_writer w;
+  w.str(m.name).str(m.params);
+  return w.take();
+}
+
+inline optimizer_spec decode_optimizer(std::string_view s) {
+  static constexpr const char* what = "set_optimizer";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    optimizer_spec m;
+    m.name = r.str();
+    if (m.name.size() > max_optimizer_name_len)
+      detail::bad(what, "optimizer name of " + std::to_string(m.name.size()) + " bytes");
+    m.params = r.str();
+    detail::expect_done(r, what);
+    return m;
+  });
+}
+
+}  // namespace kvstore::wire
