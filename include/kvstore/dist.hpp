@@ -383,6 +383,27 @@ class KVStore<dist, T> {
   /// Whether the destructor meets the other workers at a barrier first (default true).
   void set_barrier_before_exit(bool on) { impl_->opts.barrier_before_exit = on; }
 
+  /// Leaves the sync group (an addition to MXNet's API, for uneven work): once every op of this
+  /// worker is done, the servers complete sync rounds and the scheduler completes barriers
+  /// without it. It may still pull (the model keeps training); pushing after leave() is an
+  /// error. A worker that dies is treated the same way (dist_options::on_worker_death).
+  void leave() {
+    wait_all();
+    if (impl_->left.exchange(true)) return;
+    to_all_servers("leave", [] {
+      transport::out_frame f;
+      f.h.command = wire::cmd::leave;
+      return f;
+    });
+    transport::out_frame f;
+    f.h.command = wire::cmd::leave;
+    detail::worker_client::request r;
+    r.what = "leave";
+    impl_->client.call(detail::worker_client::to_scheduler, detail::worker_client::single(std::move(f)), std::move(r));
+  }
+  /// True after leave().
+  bool has_left() const noexcept { return impl_->left.load(); }
+
  private:
   struct impl {
     explicit impl(const dist_options& o) : opts(o), client(o), eng(o.threads) {}
@@ -411,6 +432,7 @@ class KVStore<dist, T> {
     std::shared_mutex m;
     std::unordered_map<std::uint64_t, detail::dist_key> keys;
     std::string opt_name;
+    std::atomic<bool> left{false};
   };
 
   [[noreturn]] static void fail(errc c, std::string_view call, const key& k, const std::string& problem) {
@@ -433,6 +455,8 @@ class KVStore<dist, T> {
     if (m.k.is_named() != k.is_named() || m.k.name() != k.name())
       fail(errc::invalid_argument, call, k, "its id " + std::to_string(k.id()) + " is already taken by key " + m.k.str());
     if (n) check_size(call, m, *n);
+    if (impl_->left && call.starts_with("push"))
+      fail(errc::invalid_argument, call, k, "this worker left the sync group (leave())");
     return m;
   }
   static void check_size(std::string_view call, const detail::dist_key& m, std::size_t n) {

@@ -364,9 +364,11 @@ class KVStore<local, T> {
   /// than its key), and then no state has changed.
   void load_optimizer_states(const std::filesystem::path& path) {
     impl_->eng.wait_all();
-    std::shared_lock lk(impl_->m);
-    const auto* opt = impl_->opt.get();
+    const auto keep = current_optimizer();
+    const auto* opt = keep.get();
+    // Read and validate the whole file before looking at (and long before changing) any key.
     auto loaded = optim::load_states<T>(path, opt ? std::string_view(opt->u.name) : "");
+    std::shared_lock lk(impl_->m);
     const std::size_t slots = opt ? static_cast<std::size_t>(opt->u.num_slots) : 0;
     std::vector<std::pair<detail::local_entry<T>*, optim::key_state<T>*>> found;
     for (auto& [id, ks] : loaded) {

@@ -30,6 +30,12 @@ struct transport_security {
   std::chrono::milliseconds idle_timeout{0};
 };
 
+/// What the job does when a worker dies (its connection drops or it misses heartbeats for
+/// dead_timeout): leave_group treats it as if it had called leave() (sync rounds and barriers
+/// complete without it, a warning is logged); fail makes the rounds and barriers waiting for it
+/// fail with an error naming it.
+enum class worker_death { leave_group, fail };
+
 /// The role of a process in a distributed job.
 enum class role { worker, server, scheduler };
 
@@ -72,6 +78,9 @@ struct dist_options {
   std::chrono::milliseconds idle_timeout{60'000};
   /// Most connections a server or the scheduler holds at once; more are closed on accept.
   std::size_t max_connections = 4096;
+
+  /// See worker_death. KVSTORE_ON_WORKER_DEATH=leave|fail.
+  worker_death on_worker_death = worker_death::leave_group;
 
   /// Values above this many bytes are sliced evenly over all servers.
   std::size_t slice_bytes = std::size_t{1} << 20;
@@ -145,6 +154,11 @@ struct dist_options {
     }
     if (auto v = env("KVSTORE_TOKEN")) token = *v;
     if (auto v = env("KVSTORE_RANK")) rank_hint = parse_int("KVSTORE_RANK", *v, 0, 1 << 16);
+    if (auto v = env("KVSTORE_ON_WORKER_DEATH")) {
+      if (*v == "leave") on_worker_death = worker_death::leave_group;
+      else if (*v == "fail") on_worker_death = worker_death::fail;
+      else throw error(errc::invalid_argument, "KVSTORE_ON_WORKER_DEATH=\"" + *v + "\": expected leave or fail");
+    }
     if (auto v = env("KVSTORE_BIND")) bind_host = *v;
     if (auto v = env("KVSTORE_ADVERTISE")) advertise_host = *v;
     if (!role_given) apply_launcher_env();

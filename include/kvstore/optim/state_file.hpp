@@ -134,19 +134,15 @@ void save_states(const std::filesystem::path& path, std::string_view optimizer_n
   kvstore::detail::write_file_atomically(path, out);
 }
 
-/// Reads the optimizer states saved by save_states<T>. Everything is validated before the map is
-/// returned, and nothing the caller holds is touched, so a failed load changes nothing.
-/// Throws kvstore::error(io_error) when the file cannot be read, and
-/// kvstore::error(bad_file, "optimizer state file '<path>': <problem>") when it is not a state
-/// file, is of another version or element type, was saved for another optimizer than
-/// `expected_optimizer_name`, is truncated or corrupt.
+/// Parses the bytes of a state file (load_states without the file; what fuzz/fuzz_state_file.cpp
+/// feeds). `source` names the bytes in errors. Same checks and errors as load_states.
 template <class T>
-std::map<std::uint64_t, key_state<T>> load_states(const std::filesystem::path& path,
-                                                  std::string_view expected_optimizer_name) {
+std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
+                                                   std::string_view expected_optimizer_name,
+                                                   std::string_view source = "<memory>") {
   static_assert(std::is_arithmetic_v<T>, "optimizer states hold arithmetic elements");
-  const std::string bytes = kvstore::detail::read_file(path);
   auto bad = [&](const std::string& what) {
-    return kvstore::error(errc::bad_file, "optimizer state file '" + path.string() + "': " + what);
+    return kvstore::error(errc::bad_file, "optimizer state file '" + std::string(source) + "': " + what);
   };
   kvstore::detail::byte_reader r{bytes};
   std::string_view magic;
@@ -206,6 +202,19 @@ std::map<std::uint64_t, key_state<T>> load_states(const std::filesystem::path& p
       throw bad("key name \"" + ks.name + "\" does not match its id " + std::to_string(id));
   }
   return states;
+}
+
+/// Reads the optimizer states saved by save_states<T>. Everything is validated before the map is
+/// returned, and nothing the caller holds is touched, so a failed load changes nothing.
+/// Throws kvstore::error(io_error) when the file cannot be read, and
+/// kvstore::error(bad_file, "optimizer state file '<path>': <problem>") when it is not a state
+/// file, is of another version or element type, was saved for another optimizer than
+/// `expected_optimizer_name`, is truncated or corrupt.
+template <class T>
+std::map<std::uint64_t, key_state<T>> load_states(const std::filesystem::path& path,
+                                                  std::string_view expected_optimizer_name) {
+  const std::string bytes = kvstore::detail::read_file(path);
+  return parse_states<T>(bytes, expected_optimizer_name, path.string());
 }
 
 }  // namespace kvstore::optim

@@ -297,7 +297,10 @@ class scheduler final : public transport::frame_handler {
   void mark_dead(node& n, const std::string& why) {
     if (n.dead || n.bye) return;
     n.dead = true;
-    detail::log_warn("scheduler", detail::node_name(n.id) + " is dead: " + why);
+    const bool leaves = n.r == role::worker && opts_.on_worker_death == worker_death::leave_group;
+    if (leaves) n.left = true;  // barriers go on without it
+    detail::log_warn("scheduler", detail::node_name(n.id) + " is dead: " + why +
+                                      (leaves ? "; it leaves the sync group" : ""));
     for (auto& m : nodes_) {
       if (&m == &n || m.dead || !m.conn) continue;
       transport::out_frame f;

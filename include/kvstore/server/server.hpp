@@ -178,8 +178,10 @@ class server final : public transport::frame_handler {
         reply(c, h.req_id, errc::ok, {});
         return worker_left(c.peer_rank);
       case wire::cmd::bye:
+        // A worker that is done pushes no more: the others' rounds go on without it.
         c.said_bye = true;
-        return reply(c, h.req_id, errc::ok, {});
+        reply(c, h.req_id, errc::ok, {});
+        return worker_left(c.peer_rank);
       case wire::cmd::heartbeat: return;
       default:
         throw error(errc::protocol, "unexpected command " + std::to_string(static_cast<int>(h.command)));
@@ -588,8 +590,13 @@ class server final : public transport::frame_handler {
   void worker_gone(int id, const std::string& why) {
     if (id < 9 || id % 2 == 0) return;  // only workers matter to a server's rounds
     const int rank = (id - 9) / 2;
-    if (left_.count(rank) || !dead_.insert(rank).second) return;
+    if (left_.count(rank) || dead_.count(rank)) return;
     const std::string msg = "worker " + std::to_string(rank) + " (node " + std::to_string(id) + ") " + why;
+    if (opts_.on_worker_death == worker_death::leave_group) {
+      detail::log_warn(who_, msg + ": it leaves the sync group");
+      return worker_left(rank);
+    }
+    dead_.insert(rank);
     for (auto& [k, s] : slices_) {
       if (!s.round_waiters.empty()) fail_round(s, msg);
       if (!s.inited && rank == 0) {
