@@ -398,6 +398,8 @@ int run(const args& a) {
     }
     const double seconds = std::chrono::duration<double>(clock::now() - epoch_start).count();
     train_seconds += seconds;
+    // The loss is over this worker's samples only (rank 0's half with two workers): the store
+    // has no side channel for statistics, and a push would be taken for a gradient.
     double loss = 0;
     for (const auto& m : members) loss += m.loss;
     loss /= static_cast<double>(steps * local_batch);
