@@ -682,7 +682,9 @@ class KVStore<dist, T> {
     }
     if (asks.empty()) return done(nullptr);
     auto cd = std::make_shared<detail::countdown>(asks.size(), std::move(done));
-    for (auto& [s, pos] : asks) {
+    for (auto& ask : asks) {
+      const detail::slice_ref* s = ask.first;
+      auto pos = ask.second;
       std::vector<std::int64_t> ids;
       for (auto p : *pos) ids.push_back(rows[p]);
       transport::out_frame f;

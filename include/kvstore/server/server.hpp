@@ -500,7 +500,9 @@ class server final : public transport::frame_handler {
   void do_save_states(transport::connection& c, const wire::header& h) {
     auto out = std::make_shared<detail::bytes>();
     std::uint64_t count = 0;
-    for (auto& [k, s] : slices_) {
+    for (auto& kv : slices_) {
+      const std::uint64_t k = kv.first;
+      slice& s = kv.second;
       if (!s.inited) continue;
       detail::with_dtype(s.type, [&]<class T>() {
         auto& st = state<T>(s);
