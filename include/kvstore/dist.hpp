@@ -39,6 +39,9 @@ struct dist_key {
   std::uint64_t total = 0;
   std::uint64_t row_length = 0;
   std::vector<slice_ref> slices;
+  /// Numbers this worker's pushes of the key (1, 2, ...), so a server restored from a snapshot
+  /// applies a re-sent push exactly once.
+  std::shared_ptr<std::atomic<std::uint64_t>> pushes = std::make_shared<std::atomic<std::uint64_t>>(0);
   std::uint64_t rows() const { return row_length ? total / row_length : 0; }
 };
 
@@ -404,6 +407,17 @@ class KVStore<dist, T> {
   /// True after leave().
   bool has_left() const noexcept { return impl_->left.load(); }
 
+  /// Asks every server to write its snapshot now (dist_options::checkpoint_dir); returns once
+  /// all are on disk. Throws when a server has no checkpoint directory or cannot write.
+  void checkpoint() {
+    wait_all();
+    to_all_servers("checkpoint", [] {
+      transport::out_frame f;
+      f.h.command = wire::cmd::checkpoint;
+      return f;
+    });
+  }
+
  private:
   struct impl {
     explicit impl(const dist_options& o) : opts(o), client(o), eng(o.threads) {}
@@ -571,12 +585,14 @@ class KVStore<dist, T> {
                  std::shared_ptr<const void> keep = nullptr) {
     auto cd = std::make_shared<detail::countdown>(m.slices.size(), std::move(done));
     const std::size_t chunk = chunk_elems();
+    const std::uint64_t seq = ++*m.pushes;
     for (auto& s : m.slices) {
       std::vector<transport::out_frame> frames;
       for (std::uint64_t off = s.lo; off < s.hi; off += chunk) {
         const std::uint64_t n = std::min<std::uint64_t>(chunk, s.hi - off);
         transport::out_frame f;
         f.h.command = wire::cmd::push;
+        f.h.aux = seq;
         f.h.key = m.k.id();
         f.h.total = m.total;
         f.h.type = dtype;
@@ -633,6 +649,7 @@ class KVStore<dist, T> {
     auto cd = std::make_shared<detail::countdown>(m.slices.size(), std::move(done));
     const std::uint64_t rl = m.row_length;
     const std::size_t per = std::max<std::size_t>(1, impl_->opts.chunk_bytes / (rl * sizeof(T)));
+    const std::uint64_t seq = ++*m.pushes;
     for (auto& s : m.slices) {
       // This server's rows and their values, gathered (every server of the key gets a message,
       // possibly empty, so a sync round counts this worker everywhere).
@@ -650,6 +667,7 @@ class KVStore<dist, T> {
         const std::size_t n = std::min(per, ids->size() - i);
         transport::out_frame f;
         f.h.command = wire::cmd::push_rows;
+        f.h.aux = seq;
         f.h.key = m.k.id();
         f.h.total = m.total;
         f.h.type = dtype;

@@ -82,6 +82,19 @@ struct dist_options {
   /// See worker_death. KVSTORE_ON_WORKER_DEATH=leave|fail.
   worker_death on_worker_death = worker_death::leave_group;
 
+  /// Where a server keeps its snapshot (server-<rank>.snap); empty: no snapshots. A server
+  /// started with a rank (KVSTORE_RANK) whose snapshot exists restores it before serving.
+  std::string checkpoint_dir;
+  /// A server snapshots its shard this often when it changed (0: not on a timer) ...
+  std::chrono::milliseconds checkpoint_interval{0};
+  /// ... and after this many completed rounds or async pushes (0: not by count); also after
+  /// every init and set_optimizer, and when a worker calls checkpoint().
+  std::uint64_t checkpoint_rounds = 0;
+  /// How long a worker waits for a lost server to come back (restarted with the same rank,
+  /// restoring its snapshot) before failing the requests to it; meanwhile they are held and
+  /// re-sent once it is back. 0: fail them at once.
+  std::chrono::milliseconds server_restart_wait{0};
+
   /// Values above this many bytes are sliced evenly over all servers.
   std::size_t slice_bytes = std::size_t{1} << 20;
   /// Payloads are sent in frames of at most this many bytes, so a later high-priority message
@@ -159,6 +172,13 @@ struct dist_options {
       else if (*v == "fail") on_worker_death = worker_death::fail;
       else throw error(errc::invalid_argument, "KVSTORE_ON_WORKER_DEATH=\"" + *v + "\": expected leave or fail");
     }
+    if (auto v = env("KVSTORE_CHECKPOINT_DIR")) checkpoint_dir = *v;
+    if (auto v = env("KVSTORE_CHECKPOINT_INTERVAL_MS"))
+      checkpoint_interval = std::chrono::milliseconds(parse_int("KVSTORE_CHECKPOINT_INTERVAL_MS", *v, 0, 1 << 30));
+    if (auto v = env("KVSTORE_CHECKPOINT_ROUNDS"))
+      checkpoint_rounds = static_cast<std::uint64_t>(parse_int("KVSTORE_CHECKPOINT_ROUNDS", *v, 0, 1 << 30));
+    if (auto v = env("KVSTORE_SERVER_RESTART_WAIT_MS"))
+      server_restart_wait = std::chrono::milliseconds(parse_int("KVSTORE_SERVER_RESTART_WAIT_MS", *v, 0, 1 << 30));
     if (auto v = env("KVSTORE_BIND")) bind_host = *v;
     if (auto v = env("KVSTORE_ADVERTISE")) advertise_host = *v;
     if (!role_given) apply_launcher_env();

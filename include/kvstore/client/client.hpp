@@ -12,9 +12,11 @@
 #include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <future>
+#include <limits>
 #include <optional>
 #include <set>
 #include <thread>
@@ -41,6 +43,7 @@ class worker_client final : public transport::frame_handler {
     std::function<void(const wire::header&, std::span<const std::byte>)> on_response;
     std::chrono::milliseconds timeout{0};
     // set by send()
+    std::vector<transport::out_frame> frames;  // kept while a server restart may need a re-send
     int peer = 0;
     clock::time_point deadline;
   };
@@ -74,28 +77,31 @@ class worker_client final : public transport::frame_handler {
     std::shared_ptr<transport::connection> c;
     std::string down;
     std::uint64_t id;
+    for (auto& f : frames) f.h.sender = id_;
     {
       std::lock_guard lk(m_);
       id = next_id_++;
-      c = peer == to_scheduler ? sched_ : servers_[static_cast<std::size_t>(peer)].conn;
-      down = peer == to_scheduler ? sched_down_ : servers_[static_cast<std::size_t>(peer)].down;
+      for (auto& f : frames) f.h.req_id = id;
+      const bool to_server = peer != to_scheduler;
+      c = to_server ? servers_[static_cast<std::size_t>(peer)].conn : sched_;
+      down = to_server ? servers_[static_cast<std::size_t>(peer)].down : sched_down_;
+      const bool waiting = to_server && servers_[static_cast<std::size_t>(peer)].waiting;
       if (down.empty()) {
         r.peer = peer;
         auto t = r.timeout.count() ? r.timeout : opts_.request_timeout;
         r.deadline = clock::now() + t;
         r.timeout = t;
+        // Held for a re-send while a lost server may come back (and while it is away).
+        if (to_server && opts_.server_restart_wait.count() > 0) r.frames = frames;
         pending_.emplace(id, std::move(r));
+        if (waiting) return;  // sent when the server is back
       }
     }
     if (!down.empty()) {
       r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + down)));
       return;
     }
-    for (auto& f : frames) {
-      f.h.req_id = id;
-      f.h.sender = id_;
-      c->send(std::move(f));
-    }
+    for (auto& f : frames) c->send(std::move(f));
   }
 
   /// Sends and waits (for blocking calls: init, barrier, commands). Throws the request's error.
@@ -148,8 +154,31 @@ class worker_client final : public transport::frame_handler {
     std::string host;
     std::uint16_t port = 0;
     std::shared_ptr<transport::connection> conn;
-    std::string down;  // non-empty once lost: why
+    std::string down;  // non-empty once lost for good: why
+    bool waiting = false;  // lost, waiting up to server_restart_wait for it to come back
+    clock::time_point lost_at{};
+    std::string lost_why;
   };
+
+  // Opens the connection to server `s` (already connected socket) and says hello.
+  void attach(server_ref& s, transport::tcp::socket sock) {
+    auto c = std::make_shared<transport::connection>(std::move(sock), *this, data_limits(), opts_.security(false),
+                                                     opts_.chunk_bytes);
+    c->peer_id = s.id;
+    c->peer_rank = s.rank;
+    c->peer_role = static_cast<int>(role::server);
+    {
+      std::lock_guard lk(m_);
+      s.conn = c;
+    }
+    c->start();
+    transport::out_frame hello;
+    hello.h.command = wire::cmd::hello;
+    hello.h.priority = std::numeric_limits<std::int32_t>::max();  // ahead of any re-sent request
+    hello.h.sender = id_;
+    hello.h.aux = static_cast<std::uint64_t>(rank_);
+    c->send(std::move(hello));
+  }
 
   void join() {
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
@@ -166,25 +195,9 @@ class worker_client final : public transport::frame_handler {
     r.timeout = opts_.connect_timeout;
     r.on_response = [this](const wire::header& h, std::span<const std::byte>) { (void)h; };
     call(to_scheduler, single(std::move(f)), std::move(r));  // completed by the address book
-    for (auto& s : servers_) {
-      auto ss = transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout,
-                                              node_name(s.id));
-      auto c = std::make_shared<transport::connection>(std::move(ss), *this, data_limits(), opts_.security(false),
-                                                       opts_.chunk_bytes);
-      c->peer_id = s.id;
-      c->peer_rank = s.rank;
-      c->peer_role = static_cast<int>(role::server);
-      {
-        std::lock_guard lk(m_);
-        s.conn = c;
-      }
-      c->start();
-      transport::out_frame hello;
-      hello.h.command = wire::cmd::hello;
-      hello.h.sender = id_;
-      hello.h.aux = static_cast<std::uint64_t>(rank_);
-      c->send(std::move(hello));
-    }
+    for (auto& s : servers_)
+      attach(s, transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout, node_name(s.id)));
+    joined_ = true;
     transport::asio::post(io_, [this] { tick(); });
     who_ = "worker " + std::to_string(rank_);
   }
@@ -221,6 +234,17 @@ class worker_client final : public transport::frame_handler {
         f.h.command = wire::cmd::heartbeat;
         f.h.sender = id_;
         c->send(std::move(f));
+      }
+    }
+    for (std::size_t i = 0; i < servers_.size(); ++i) {
+      auto& sv = servers_[i];
+      if (sv.waiting && now - sv.lost_at > opts_.server_restart_wait) {
+        {
+          std::lock_guard lk(m_);
+          sv.waiting = false;
+        }
+        fail_peer(static_cast<int>(i), sv.lost_why + " and it did not come back within " +
+                                           std::to_string(opts_.server_restart_wait.count()) + " ms");
       }
     }
     std::vector<request> expired;
@@ -321,6 +345,7 @@ class worker_client final : public transport::frame_handler {
 
   void on_address_book(const wire::header& h, const std::string& meta) {
     auto book = wire::decode_address_book(meta);  // validated: counts, ranks, hosts, ports
+    if (joined_) return on_new_address_book(book);
     num_workers_ = book.num_workers;
     std::vector<server_ref> servers(book.servers.size());
     for (std::size_t i = 0; i < servers.size(); ++i) {
@@ -338,22 +363,71 @@ class worker_client final : public transport::frame_handler {
     if (auto p = take(h.req_id)) p->done(nullptr);
   }
 
+  // A server came back (restarted with its rank): reconnect to it and re-send what it had.
+  void on_new_address_book(const wire::address_book& book) {
+    for (std::size_t i = 0; i < servers_.size() && i < book.servers.size(); ++i) {
+      auto& s = servers_[i];
+      const auto& b = book.servers[i];
+      if (!s.waiting && s.host == b.host && s.port == b.port) continue;
+      {
+        std::lock_guard lk(m_);
+        s.host = b.host;
+        s.port = b.port;
+      }
+      if (!s.waiting) continue;  // address changed while up: the old connection's loss follows
+      auto sock = std::make_shared<transport::tcp::socket>(io_);
+      transport::tcp::endpoint ep;
+      boost::system::error_code ec;
+      auto addr = transport::asio::ip::make_address(b.host, ec);
+      if (ec) {
+        detail::log_warn(who_, "cannot reconnect to " + node_name(s.id) + ": bad address " + b.host);
+        continue;
+      }
+      ep = transport::tcp::endpoint(addr, b.port);
+      sock->async_connect(ep, [this, i, sock](boost::system::error_code e) {
+        if (e || stopping_) {
+          if (e) detail::log_warn(who_, "reconnecting to " + node_name(servers_[i].id) + " failed: " + e.message());
+          return;
+        }
+        reattach(i, std::move(*sock));
+      });
+    }
+  }
+
+  void reattach(std::size_t i, transport::tcp::socket sock) {
+    auto& s = servers_[i];
+    attach(s, std::move(sock));
+    std::vector<std::pair<std::uint64_t, std::vector<transport::out_frame>>> again;
+    {
+      std::lock_guard lk(m_);
+      s.waiting = false;
+      dead_.erase(s.id);
+      for (auto& [id, r] : pending_)
+        if (r.peer == static_cast<int>(i)) again.emplace_back(id, r.frames);
+    }
+    std::sort(again.begin(), again.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    for (auto& [id, frames] : again)
+      for (auto& f : frames) s.conn->send(f);
+    detail::log_warn(who_, node_name(s.id) + " is back: re-sent " + std::to_string(again.size()) + " request(s)");
+  }
+
   void on_dead(int id, const std::string& why) {
     {
       std::lock_guard lk(m_);
       dead_.insert(id);
     }
+    // The scheduler stopped hearing from it: what waits on it fails now (its connection may
+    // still be open: a paused server that resumes serves new requests again).
     for (std::size_t s = 0; s < servers_.size(); ++s)
-      if (servers_[s].id == id) fail_peer(static_cast<int>(s), node_name(id) + " is dead (" + why + ")");
-    if (id == scheduler_id) fail_peer(to_scheduler, "the scheduler is dead (" + why + ")");
+      if (servers_[s].id == id && opts_.server_restart_wait.count() == 0)
+        fail_pending(static_cast<int>(s), node_name(id) + " is dead (" + why + ")");
+    if (id == scheduler_id) fail_pending(to_scheduler, "the scheduler is dead (" + why + ")");
   }
 
-  void fail_peer(int peer, const std::string& why) {
+  void fail_pending(int peer, const std::string& why) {
     std::vector<request> failed;
     {
       std::lock_guard lk(m_);
-      std::string& down = peer == to_scheduler ? sched_down_ : servers_[static_cast<std::size_t>(peer)].down;
-      if (down.empty()) down = why;
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.peer == peer) {
           failed.push_back(std::move(it->second));
@@ -364,6 +438,16 @@ class worker_client final : public transport::frame_handler {
       }
     }
     for (auto& r : failed) r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + why)));
+  }
+
+  // The peer is lost for good: fail what waits on it, and everything sent to it later.
+  void fail_peer(int peer, const std::string& why) {
+    {
+      std::lock_guard lk(m_);
+      std::string& down = peer == to_scheduler ? sched_down_ : servers_[static_cast<std::size_t>(peer)].down;
+      if (down.empty()) down = why;
+    }
+    fail_pending(peer, why);
   }
 
   void on_close(transport::connection& c, const std::string& reason) override {
@@ -378,13 +462,25 @@ class worker_client final : public transport::frame_handler {
     }
     for (std::size_t s = 0; s < servers_.size(); ++s)
       if (servers_[s].conn.get() == &c) {
+        auto& sv = servers_[s];
+        const std::string why = "connection to " + node_name(sv.id) + " at " + sv.host + ":" +
+                                std::to_string(sv.port) + " lost (" + reason + ")";
         {
           std::lock_guard lk(m_);
-          dead_.insert(servers_[s].id);
+          dead_.insert(sv.id);
+          if (opts_.server_restart_wait.count() > 0) {
+            sv.waiting = true;
+            sv.lost_at = clock::now();
+            sv.lost_why = why;
+          }
         }
-        detail::log_warn(who_, "lost " + node_name(servers_[s].id) + ": " + reason);
-        fail_peer(static_cast<int>(s), "connection to " + node_name(servers_[s].id) + " at " + servers_[s].host +
-                                           ":" + std::to_string(servers_[s].port) + " lost (" + reason + ")");
+        if (opts_.server_restart_wait.count() > 0) {
+          detail::log_warn(who_, why + "; waiting up to " + std::to_string(opts_.server_restart_wait.count()) +
+                                     " ms for it to come back");
+          return;
+        }
+        detail::log_warn(who_, "lost " + node_name(sv.id) + ": " + reason);
+        fail_peer(static_cast<int>(s), why);
       }
   }
 
@@ -427,6 +523,7 @@ class worker_client final : public transport::frame_handler {
   clock::time_point next_heartbeat_{};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> leaving_{false};
+  bool joined_ = false;  // the first address book arrived and the servers were reached
 };
 
 }  // namespace kvstore::detail

@@ -89,10 +89,12 @@ class engine {
     auto it = keys_.find(key);
     if (it == keys_.end()) return;
     const std::uint64_t target = it->second.issued;
+    ++key_waiters_;
     idle_cv_.wait(lk, [&] {
       auto j = keys_.find(key);
       return j == keys_.end() || j->second.completed >= target;
     });
+    --key_waiters_;
   }
 
   /// Every op issued so far is done.
@@ -211,6 +213,7 @@ class engine {
   // The op on `key` finished: start the next one queued on it.
   void finish(std::uint64_t key) {
     bool notify = false;
+    bool wake_waiters = false;
     {
       std::lock_guard lk(m_);
       auto it = keys_.find(key);
@@ -224,9 +227,13 @@ class engine {
         keys_.erase(it);
       }
       --in_flight_;
+      // Only a wait that can now be satisfied is woken: wait_all once nothing is in flight, and
+      // wait_key (per-key counts) whenever one is waiting. Waking a wait_all per finished op
+      // would bounce its thread once per op.
+      wake_waiters = in_flight_ == 0 || key_waiters_ > 0;
     }
     if (notify) cv_.notify_one();
-    idle_cv_.notify_all();
+    if (wake_waiters) idle_cv_.notify_all();
   }
 
   std::mutex m_;
@@ -237,6 +244,7 @@ class engine {
   std::vector<std::shared_ptr<pjob>> helpers_;
   std::uint64_t seq_ = 0;
   std::size_t in_flight_ = 0;
+  std::size_t key_waiters_ = 0;  // threads in wait_key
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

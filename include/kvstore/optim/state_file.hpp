@@ -19,9 +19,11 @@
 #include <boost/archive/binary_iarchive.hpp>
 #include <boost/archive/binary_oarchive.hpp>
 #include <boost/serialization/map.hpp>
+#include <boost/serialization/split_member.hpp>
 #include <boost/serialization/string.hpp>
 #include <boost/serialization/utility.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +31,7 @@
 #include <filesystem>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <streambuf>
 #include <string>
 #include <string_view>
@@ -44,9 +47,21 @@ struct key_state {
   state<T> st;
 
   template <class Ar>
-  void serialize(Ar& ar, unsigned /*version*/) {
+  void save(Ar& ar, unsigned /*version*/) const {
     ar & name & st;
   }
+  template <class Ar>
+  void load(Ar& ar, unsigned /*version*/) {
+    // The name as Boost stores a std::string (length, then bytes), read by hand so a corrupt
+    // length is refused instead of allocated (found by fuzz/fuzz_state_file.cpp).
+    std::size_t n = 0;
+    ar & n;
+    kvstore::detail::check_decodable(n, "key name");
+    name.resize(n);
+    if (n) ar.load_binary(name.data(), n);
+    ar & st;
+  }
+  BOOST_SERIALIZATION_SPLIT_MEMBER()
 };
 
 }  // namespace kvstore::optim
@@ -54,7 +69,7 @@ struct key_state {
 namespace kvstore::detail {
 
 inline constexpr char state_file_magic[8] = {'K', 'V', 'S', 'T', 'O', 'P', 'T', '\0'};
-inline constexpr std::uint32_t state_file_version = 1;
+inline constexpr std::uint32_t state_file_version = 2;  // 2: explicit slot lengths
 /// Optimizer names are short; a larger length field means a corrupt file, not a real name.
 inline constexpr std::uint32_t state_file_max_name = 4096;
 
@@ -184,6 +199,10 @@ std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
   std::map<std::uint64_t, key_state<T>> states;
   try {
     kvstore::detail::memory_streambuf buf(r.rest);
+    struct scope {
+      explicit scope(std::streambuf* b) { kvstore::detail::state_decoding_from = b; }
+      ~scope() { kvstore::detail::state_decoding_from = nullptr; }
+    } s(&buf);
     boost::archive::binary_iarchive ia(buf);
     ia >> states;
   } catch (const std::exception& e) {

@@ -148,6 +148,10 @@ class scheduler final : public transport::frame_handler {
       return on_register(c, h, meta);
     }
     n->last_heard = clock::now();
+    if (n->dead && !n->left) {
+      n->dead = false;
+      detail::log_warn("scheduler", detail::node_name(n->id) + " is heard from again");
+    }
     switch (h.command) {
       case wire::cmd::heartbeat: return;
       case wire::cmd::barrier:
@@ -203,6 +207,7 @@ class scheduler final : public transport::frame_handler {
         break;
       }
     n.conn = self;
+    if (gathered_ && take_back(n, h.req_id)) return;
     const int want = n.r == role::server ? opts_.num_servers : opts_.num_workers;
     if (gathered_ || count(n.r) >= want) {
       reply(self, h.req_id, errc::invalid_argument,
@@ -239,29 +244,57 @@ class scheduler final : public transport::frame_handler {
       for (auto& n : nodes_)
         if (n.r == r) n.id = r == role::server ? detail::server_id(n.rank) : detail::worker_id(n.rank);
     }
+    const std::string book = address_book();
+    for (auto& n : nodes_) send_book(n, book, reg_req_[n.conn.get()]);
+    detail::log_info("scheduler", "job gathered: " + std::to_string(opts_.num_servers) + " servers, " +
+                                      std::to_string(opts_.num_workers) + " workers");
+  }
+
+  std::string address_book() const {
     wire::meta_writer w;
     w.u32(static_cast<std::uint32_t>(opts_.num_workers)).u32(static_cast<std::uint32_t>(opts_.num_servers));
     std::vector<const node*> servers(static_cast<std::size_t>(opts_.num_servers));
     for (auto& n : nodes_)
       if (n.r == role::server) servers[static_cast<std::size_t>(n.rank)] = &n;
     for (auto* s : servers) w.u32(static_cast<std::uint32_t>(s->rank)).u32(static_cast<std::uint32_t>(s->id)).str(s->host).u32(s->port);
-    std::string book = w.take();
-    for (auto& n : nodes_) {
-      n.conn->peer_id = n.id;
-      n.conn->peer_rank = n.rank;
-      n.conn->peer_role = static_cast<int>(n.r);
-      transport::out_frame f;
-      f.h.command = wire::cmd::address_book;
-      f.h.req_id = reg_req_[n.conn.get()];
-      f.h.key = static_cast<std::uint64_t>(n.id);
-      f.h.aux = static_cast<std::uint64_t>(n.rank);
-      f.h.sender = detail::scheduler_id;
-      f.meta = book;
-      n.conn->send(std::move(f));
-      n.last_heard = clock::now();
-    }
-    detail::log_info("scheduler", "job gathered: " + std::to_string(opts_.num_servers) + " servers, " +
-                                      std::to_string(opts_.num_workers) + " workers");
+    return w.take();
+  }
+
+  void send_book(node& n, const std::string& book, std::uint64_t req) {
+    n.conn->peer_id = n.id;
+    n.conn->peer_rank = n.rank;
+    n.conn->peer_role = static_cast<int>(n.r);
+    transport::out_frame f;
+    f.h.command = wire::cmd::address_book;
+    f.h.req_id = req;
+    f.h.key = static_cast<std::uint64_t>(n.id);
+    f.h.aux = static_cast<std::uint64_t>(n.rank);
+    f.h.sender = detail::scheduler_id;
+    f.meta = book;
+    n.conn->send(std::move(f));
+    n.last_heard = clock::now();
+  }
+
+  // A server restarted with the identity (rank) of a dead one: it takes that place, and every
+  // live worker gets the new address book so it reconnects and re-sends what was in flight.
+  bool take_back(node& fresh, std::uint64_t req) {
+    if (fresh.r != role::server || fresh.rank < 0) return false;
+    node* old = nullptr;
+    for (auto& n : nodes_)
+      if (n.r == role::server && n.rank == fresh.rank) old = &n;
+    if (!old || !old->dead) return false;
+    old->conn = fresh.conn;
+    old->host = fresh.host;
+    old->port = fresh.port;
+    old->dead = false;
+    old->last_heard = clock::now();
+    detail::log_warn("scheduler", detail::node_name(old->id) + " is back at " + old->host + ":" +
+                                      std::to_string(old->port));
+    const std::string book = address_book();
+    send_book(*old, book, req);
+    for (auto& n : nodes_)
+      if (n.r == role::worker && !n.dead && !n.bye && n.conn) send_book(n, book, 0);
+    return true;
   }
 
   void check_barrier() {

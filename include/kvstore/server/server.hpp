@@ -7,6 +7,7 @@
 #include <kvstore/detail/log.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/rendezvous/nodes.hpp>
+#include <kvstore/server/checkpoint.hpp>
 #include <kvstore/server/shard.hpp>
 #include <kvstore/transport/connection.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -54,6 +55,7 @@ class server final : public transport::frame_handler {
   /// Registers with the scheduler and serves until the job is over. Throws kvstore::error when
   /// the scheduler cannot be reached or is lost before the job ends.
   void run() {
+    restore();
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
                                               opts_.connect_timeout, "the scheduler");
     sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits(), opts_.security(false));
@@ -110,12 +112,116 @@ class server final : public transport::frame_handler {
     timer_.expires_after(opts_.heartbeat_interval);
     timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || done_) return;
-      transport::out_frame f;
-      f.h.command = wire::cmd::heartbeat;
-      f.h.sender = id_;
-      sched_->send(std::move(f));
+      if (!sched_lost_) {
+        transport::out_frame f;
+        f.h.command = wire::cmd::heartbeat;
+        f.h.sender = id_;
+        sched_->send(std::move(f));
+      }
+      if (opts_.checkpoint_interval.count() > 0 && dirty_ &&
+          std::chrono::steady_clock::now() - last_snapshot_ >= opts_.checkpoint_interval)
+        snapshot_quietly();
       tick();
     });
+  }
+
+  // ---- snapshots --------------------------------------------------------------------------------
+  // Loads this rank's snapshot, if there is one, before the server is heard of: a restarted
+  // server serves exactly what it saved. A corrupt snapshot stops the server (never half-loaded).
+  void restore() {
+    if (opts_.checkpoint_dir.empty() || opts_.rank_hint < 0) return;
+    const auto path = detail::snapshot_path(opts_.checkpoint_dir, opts_.rank_hint);
+    if (!std::filesystem::exists(path)) return;
+    auto snap = detail::load_snapshot(path);
+    std::unordered_map<std::uint64_t, slice> restored;
+    optim::updater<float> f;
+    optim::updater<double> d;
+    if (!snap.optimizer_name.empty()) {
+      f = optim::create_updater<float>(snap.optimizer_name, snap.optimizer_params);
+      d = optim::create_updater<double>(snap.optimizer_name, snap.optimizer_params);
+    }
+    for (auto& x : snap.slices) {
+      slice& sl = restored[x.key];
+      sl.key = x.key;
+      sl.type = x.type;
+      sl.total = x.total;
+      sl.lo = x.lo;
+      sl.hi = x.hi;
+      sl.row_length = x.row_length;
+      sl.round = x.round;
+      sl.applied.insert(x.applied.begin(), x.applied.end());
+      sl.inited = true;
+      sl.restored = true;
+      for (int r = 0; r < opts_.num_workers; ++r) sl.init_done.insert(r);
+      auto* p = reinterpret_cast<const std::byte*>(x.value.data());
+      sl.value = std::make_shared<detail::bytes>(p, p + x.value.size());
+      detail::with_dtype(x.type, [&]<class T>() {
+        auto& st = state<T>(sl);
+        st.step = x.step;
+        for (auto& raw : x.slots) {
+          std::vector<T> v(raw.size() / sizeof(T));
+          std::memcpy(v.data(), raw.data(), raw.size());
+          st.slots.push_back(std::move(v));
+        }
+      });
+    }
+    slices_ = std::move(restored);
+    upd_f_ = std::move(f);
+    upd_d_ = std::move(d);
+    opt_name_ = snap.optimizer_name;
+    opt_params_ = snap.optimizer_params;
+    detail::log_warn("server " + std::to_string(opts_.rank_hint),
+                     "restored " + std::to_string(slices_.size()) + " key slice(s) from " + path.string());
+  }
+
+  // Writes the shard's snapshot (atomically). Throws kvstore::error on I/O failure.
+  void snapshot() {
+    if (opts_.checkpoint_dir.empty())
+      throw error(errc::unsupported, who_ + " has no checkpoint directory (KVSTORE_CHECKPOINT_DIR)");
+    detail::shard_snapshot snap;
+    snap.rank = rank_;
+    snap.optimizer_name = opt_name_;
+    snap.optimizer_params = opt_params_;
+    for (auto& kv : slices_) {
+      const slice& sl = kv.second;
+      if (!sl.inited) continue;
+      detail::slice_snapshot x;
+      x.key = sl.key;
+      x.type = sl.type;
+      x.total = sl.total;
+      x.lo = sl.lo;
+      x.hi = sl.hi;
+      x.row_length = sl.row_length;
+      x.round = sl.round;
+      x.applied.assign(sl.applied.begin(), sl.applied.end());
+      x.value.assign(reinterpret_cast<const char*>(sl.value->data()), sl.value->size());
+      detail::with_dtype(sl.type, [&]<class T>() {
+        const auto& st = state<T>(kv.second);
+        x.step = st.step;
+        for (auto& v : st.slots) x.slots.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+      });
+      snap.slices.push_back(std::move(x));
+    }
+    std::filesystem::create_directories(opts_.checkpoint_dir);
+    detail::save_snapshot(detail::snapshot_path(opts_.checkpoint_dir, rank_), snap);
+    dirty_ = false;
+    changes_ = 0;
+    last_snapshot_ = std::chrono::steady_clock::now();
+    ++snapshots_;
+  }
+  void snapshot_quietly() {
+    try {
+      snapshot();
+    } catch (const std::exception& e) {
+      detail::log_warn(who_, std::string("snapshot failed: ") + e.what());
+    }
+  }
+  // Something changed: snapshot now if the count says so.
+  void changed(bool important = false) {
+    dirty_ = true;
+    ++changes_;
+    if (opts_.checkpoint_dir.empty()) return;
+    if (important || (opts_.checkpoint_rounds && changes_ >= opts_.checkpoint_rounds)) snapshot_quietly();
   }
 
   // ---- frames ---------------------------------------------------------------------------------
@@ -183,6 +289,9 @@ class server final : public transport::frame_handler {
         reply(c, h.req_id, errc::ok, {});
         return worker_left(c.peer_rank);
       case wire::cmd::heartbeat: return;
+      case wire::cmd::checkpoint:
+        snapshot();
+        return reply(c, h.req_id, errc::ok, {});
       default:
         throw error(errc::protocol, "unexpected command " + std::to_string(static_cast<int>(h.command)));
     }
@@ -241,6 +350,11 @@ class server final : public transport::frame_handler {
                                            std::to_string(s.total) + " (row length " + std::to_string(s.row_length) + ")");
     }
     const int rank = c.peer_rank;
+    if (s.restored && s.inited) {
+      // Restored from a snapshot: an init re-sent after the restart is answered, not refused.
+      if (h.flags & wire::flag_last) reply(c, h.req_id, errc::ok, {});
+      return;
+    }
     if (s.init_done.count(rank) || ((h.flags & wire::flag_has_data) && s.inited))
       throw error(errc::already_inited, "key " + key_str(h.key) + " is already inited");
     if (h.flags & wire::flag_has_data) {
@@ -252,6 +366,7 @@ class server final : public transport::frame_handler {
     reply_to me{weak(c), h.req_id};
     if (h.flags & wire::flag_has_data) {
       s.inited = true;
+      changed(true);
       for (auto& w : s.init_waiters) reply(w, errc::ok, {});
       s.init_waiters.clear();
       reply(me, errc::ok, {});
@@ -289,6 +404,7 @@ class server final : public transport::frame_handler {
   void do_push(transport::connection& c, const wire::header& h, std::span<const std::byte> payload) {
     slice& s = find(h);
     const std::uint64_t n = check_range(s, h, payload.size());
+    if (s.duplicate(c.peer_rank, h.aux)) return ack_duplicate(c, h);
     const std::uint64_t rel = h.offset - s.lo;
     if (opts_.sync) {
       begin_round_push(s, c.peer_rank);
@@ -297,10 +413,20 @@ class server final : public transport::frame_handler {
       return;
     }
     detail::with_dtype(s.type, [&]<class T>() { apply_range<T>(s, reinterpret_cast<const T*>(payload.data()), rel, n, true); });
+    if (h.flags & wire::flag_last) {
+      if (h.aux) s.applied[c.peer_rank] = h.aux;
+      reply(c, h.req_id, errc::ok, {});
+      changed();
+    }
+  }
+
+  // A push re-sent after a restart that the snapshot already holds: answered, not applied twice.
+  void ack_duplicate(transport::connection& c, const wire::header& h) {
     if (h.flags & wire::flag_last) reply(c, h.req_id, errc::ok, {});
   }
 
   void end_round_push(slice& s, transport::connection& c, const wire::header& h) {
+    s.round_seq[c.peer_rank] = h.aux;
     s.round_done.insert(c.peer_rank);
     s.round_waiters.push_back({weak(c), h.req_id});
     if (!dead_.empty()) check_dead(s);
@@ -324,6 +450,7 @@ class server final : public transport::frame_handler {
                     std::span<const std::byte> payload) {
     slice& s = find(h);
     auto rows = check_rows(s, h, meta);
+    if (s.duplicate(c.peer_rank, h.aux)) return ack_duplicate(c, h);
     const std::uint64_t rl = s.row_length;
     if (payload.size() != rows.size() * rl * s.elem())
       throw error(errc::size_mismatch, "key " + key_str(h.key) + ": " + std::to_string(rows.size()) +
@@ -353,7 +480,11 @@ class server final : public transport::frame_handler {
         first = false;
       }
     });
-    if (h.flags & wire::flag_last) reply(c, h.req_id, errc::ok, {});
+    if (h.flags & wire::flag_last) {
+      if (h.aux) s.applied[c.peer_rank] = h.aux;
+      reply(c, h.req_id, errc::ok, {});
+      changed();
+    }
   }
 
   // Applies `n` elements at slice offset `rel`: stores them (no optimizer) or updates the
@@ -409,7 +540,11 @@ class server final : public transport::frame_handler {
     });
     s.cov.clear();
     s.round_done.clear();
+    for (auto [r, q] : s.round_seq)
+      if (q) s.applied[r] = std::max(s.applied[r], q);
+    s.round_seq.clear();
     ++s.round;
+    changed();
     for (auto& w : s.round_waiters) reply(w, errc::ok, {});
     s.round_waiters.clear();
   }
@@ -477,6 +612,9 @@ class server final : public transport::frame_handler {
       s.st_f = {};
       s.st_d = {};
     }
+    opt_name_ = name;
+    opt_params_ = params;
+    changed(true);
     detail::log_info(who_, "optimizer set: " + name);
     reply(c, h.req_id, errc::ok, {});
   }
@@ -586,6 +724,7 @@ class server final : public transport::frame_handler {
                                     " cannot complete: " + why);
     s.round_waiters.clear();
     s.round_done.clear();
+    s.round_seq.clear();
     s.cov.clear();
   }
 
@@ -618,7 +757,11 @@ class server final : public transport::frame_handler {
 
   void on_close(transport::connection& c, const std::string& reason) override {
     if (&c == sched_.get()) {
-      if (!done_) finish("lost the scheduler: " + reason);
+      // Training needs no scheduler: serve on, and end once the workers are gone.
+      if (done_) return;
+      sched_lost_ = true;
+      detail::log_warn(who_, "lost the scheduler (" + reason + "); serving on until the workers leave");
+      if (workers_.empty()) finish("");
       return;
     }
     std::shared_ptr<transport::connection> self;
@@ -629,6 +772,7 @@ class server final : public transport::frame_handler {
         break;
       }
     if (done_) return;
+    if (sched_lost_ && workers_.empty()) return finish("");
     if (c.peer_id < 0) {
       detail::log_warn(who_, "dropped connection from " + c.remote() + ": " + reason);
       return;
@@ -675,6 +819,11 @@ class server final : public transport::frame_handler {
   std::unordered_map<std::uint64_t, slice> slices_;
   optim::updater<float> upd_f_;
   optim::updater<double> upd_d_;
+  std::string opt_name_, opt_params_;
+  bool dirty_ = false;
+  std::uint64_t changes_ = 0, snapshots_ = 0;
+  std::chrono::steady_clock::time_point last_snapshot_ = std::chrono::steady_clock::now();
+  bool sched_lost_ = false;
   command_handler on_command_;
   std::set<int> left_, dead_;
   int id_ = -1, rank_ = -1;

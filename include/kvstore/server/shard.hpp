@@ -90,6 +90,7 @@ struct key_slice {
   std::uint64_t total = 0, lo = 0, hi = 0, row_length = 0;
   std::shared_ptr<bytes> value;  // shared with pull answers in flight: copy on write
   bool inited = false;
+  bool restored = false;  // loaded from a snapshot: re-sent inits are acknowledged
   std::set<int> init_done;  // workers whose init arrived
   std::vector<reply_to<Conn>> init_waiters;
 
@@ -99,6 +100,17 @@ struct key_slice {
   std::set<int> round_done;
   std::vector<reply_to<Conn>> round_waiters;
   std::uint64_t round = 0;
+  // Exactly-once pushes across a server restart: per worker, the sequence number of its last
+  // push applied (kept in snapshots), and of its push in the round being gathered.
+  std::map<int, std::uint64_t> applied;
+  std::map<int, std::uint64_t> round_seq;
+
+  /// A re-sent push this slice already applied (sequence 0: not numbered, never a duplicate).
+  bool duplicate(int rank, std::uint64_t seq) const {
+    if (seq == 0) return false;
+    auto it = applied.find(rank);
+    return it != applied.end() && it->second >= seq;
+  }
 
   optim::state<float> st_f;
   optim::state<double> st_d;

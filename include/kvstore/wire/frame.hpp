@@ -46,7 +46,8 @@ enum class cmd : std::uint16_t {
   data,             ///< server -> worker: a chunk of a pull's answer (offset in `offset`)
   leave,            ///< worker -> servers/scheduler: no more rounds from this worker
   auth,             ///< client -> acceptor: HMAC proof for the challenge's nonce (meta)
-  last_ = auth,
+  checkpoint,       ///< worker -> server: write the shard's snapshot now
+  last_ = checkpoint,
 };
 
 /// Element types on the wire.

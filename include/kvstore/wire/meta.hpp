@@ -29,6 +29,11 @@ class meta_writer {
     s_.append(v);
     return *this;
   }
+  /// Appends raw bytes (no length prefix).
+  meta_writer& raw(std::string_view v) {
+    s_.append(v);
+    return *this;
+  }
   std::string take() { return std::move(s_); }
 
  private:

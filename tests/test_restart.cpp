@@ -1,0 +1,181 @@
+// Checkpoints and restart: a server process killed with SIGKILL mid-training and started again
+// with the same rank restores its snapshot; the worker waits for it, re-sends what was in flight,
+// and training goes on with every push applied exactly once. A corrupt snapshot is refused.
+#include <kvstore/server/checkpoint.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "dist_cluster.hpp"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+extern char** environ;
+
+#ifndef KV_SERVER_PATH
+#error "KV_SERVER_PATH must name the kv_server binary"
+#endif
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct tmpdir {
+  std::filesystem::path p;
+  tmpdir() {
+    char t[] = "/tmp/kvstore-restart-XXXXXX";
+    p = mkdtemp(t);
+  }
+  ~tmpdir() { std::filesystem::remove_all(p); }
+};
+
+// Starts kv_server --role server with the job's environment; returns its pid.
+pid_t spawn_server(std::uint16_t sched_port, const std::filesystem::path& dir, int rank,
+                   const char* stderr_file = nullptr) {
+  std::vector<std::string> env = {
+      "KVSTORE_ROLE=server",
+      "KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(sched_port),
+      "KVSTORE_NUM_WORKERS=1",
+      "KVSTORE_NUM_SERVERS=1",
+      "KVSTORE_RANK=" + std::to_string(rank),
+      "KVSTORE_CHECKPOINT_DIR=" + dir.string(),
+      "KVSTORE_CHECKPOINT_ROUNDS=1",
+      "PATH=/usr/bin:/bin",
+  };
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (stderr_file) posix_spawn_file_actions_addopen(&fa, 2, stderr_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const char* argv[] = {KV_SERVER_PATH, "--role", "server", nullptr};
+  pid_t pid = 0;
+  REQUIRE(posix_spawn(&pid, KV_SERVER_PATH, &fa, nullptr, const_cast<char**>(argv), envp.data()) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+int wait_exit(pid_t pid, std::chrono::milliseconds limit) {
+  auto end = std::chrono::steady_clock::now() + limit;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    std::this_thread::sleep_for(20ms);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is lost or doubled" *
+          doctest::timeout(120)) {
+  tmpdir dir;
+  auto o = kvtest::test_options(1, 1);
+  o.server_restart_wait = 30'000ms;
+  o.request_timeout = 40'000ms;
+  o.dead_timeout = 60'000ms;  // the restart, not the heartbeat deadline, decides here
+  kvstore::scheduler sched(o);
+  o.scheduler_port = sched.port();
+  std::thread st([&] { sched.run(); });
+
+  pid_t server = spawn_server(o.scheduler_port, dir.p, 0);
+  std::atomic<int> round{0};
+  std::atomic<bool> restarted{false};
+  std::thread killer([&] {
+    while (round < 40) std::this_thread::sleep_for(1ms);
+    kill(server, SIGKILL);  // mid-training, whatever is in flight
+    int status = 0;
+    waitpid(server, &status, 0);
+    std::this_thread::sleep_for(200ms);
+    server = spawn_server(o.scheduler_port, dir.p, 0);
+    restarted = true;
+  });
+
+  constexpr int rounds = 120;
+  struct joiner {
+    std::thread& t;
+    std::atomic<int>& r;
+    ~joiner() {
+      r = 1 << 20;  // let the killer go if the worker failed early
+      if (t.joinable()) t.join();
+    }
+  } join_killer{killer, round};
+  {
+    auto w = o;
+    w.rank_hint = 0;
+    kvstore::KVStore<kvstore::dist> kv(w);
+    std::vector<float> v(5000, 0.f), g(5000, 1.f), out(5000);
+    kv.init("weights", v);
+    std::vector<std::int64_t> rows{1, 3};
+    std::vector<float> m(40, 0.f), rg(2 * 8, 1.f), rout(2 * 8);
+    kv.init("rows", m, 8);
+    kv.set_optimizer(kvstore::optim::sgd{.learning_rate = -1.0});  // w += g: counts pushes
+    for (int r = 0; r < rounds; ++r) {
+      kv.push("weights", g, r % 3).wait();
+      kv.push_rows("rows", rows, rg).wait();
+      round = r + 1;
+    }
+    kv.pull("weights", out).wait();
+    kv.pull_rows("rows", rows, rout).wait();
+    CHECK(restarted.load());
+    for (float x : out) REQUIRE(x == static_cast<float>(rounds));  // exactly once each
+    for (float x : rout) REQUIRE(x == static_cast<float>(rounds));
+  }
+  if (killer.joinable()) killer.join();
+  CHECK(wait_exit(server, 15'000ms) == 0);  // the restarted server ends with the job
+  sched.stop();
+  st.join();
+  CHECK(std::filesystem::exists(kvstore::detail::snapshot_path(dir.p, 0)));
+}
+
+TEST_CASE("a corrupt or truncated snapshot is refused with a clear error" * doctest::timeout(60)) {
+  tmpdir dir;
+  kvstore::detail::shard_snapshot snap;
+  snap.rank = 0;
+  kvstore::detail::slice_snapshot x;
+  x.key = 1;
+  x.total = 4;
+  x.hi = 4;
+  x.value = std::string(16, '\1');
+  snap.slices.push_back(x);
+  const auto path = kvstore::detail::snapshot_path(dir.p, 0);
+  kvstore::detail::save_snapshot(path, snap);
+  auto good = kvstore::detail::load_snapshot(path);
+  REQUIRE(good.slices.size() == 1);
+  CHECK(good.slices[0].value == x.value);
+
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  for (std::size_t cut : {std::size_t{0}, std::size_t{7}, std::size_t{20}, bytes.size() - 1}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(cut));
+    CHECK_THROWS_WITH_AS(kvstore::detail::load_snapshot(path), doctest::Contains("server snapshot"), kvstore::error);
+  }
+  auto flipped = bytes;
+  flipped[bytes.size() - 3] ^= 0x20;
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(flipped.data(), static_cast<std::streamsize>(flipped.size()));
+  CHECK_THROWS_WITH_AS(kvstore::detail::load_snapshot(path), doctest::Contains("checksum"), kvstore::error);
+
+  // A real server refuses to start from it, saying why, instead of serving half a model.
+  auto o = kvtest::test_options(1, 1);
+  kvstore::scheduler sched(o);
+  const std::string log = (dir.p / "server.err").string();
+  pid_t pid = spawn_server(sched.port(), dir.p, 0, log.c_str());
+  CHECK(wait_exit(pid, 20'000ms) == 1);
+  std::ifstream err(log);
+  std::string text((std::istreambuf_iterator<char>(err)), {});
+  CHECK(text.find("checksum") != std::string::npos);
+}
