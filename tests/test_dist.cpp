@@ -283,3 +283,62 @@ TEST_CASE("a moved store keeps working; misuse is a kvstore::error naming the ke
     CHECK(o13 == filled(4, 2.0f));
   });
 }
+
+namespace {
+// Polls ops until all are done; returns the indices in the order they completed.
+std::vector<int> completion_order(const std::vector<kvstore::op>& ops) {
+  std::vector<int> order;
+  std::vector<bool> done(ops.size(), false);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (order.size() < ops.size() && std::chrono::steady_clock::now() < until) {
+    for (std::size_t i = 0; i < ops.size(); ++i)
+      if (!done[i] && ops[i].ready()) {
+        done[i] = true;
+        order.push_back(static_cast<int>(i));
+      }
+    std::this_thread::yield();
+  }
+  for (auto& o : ops) o.wait();
+  return order;
+}
+}  // namespace
+
+TEST_CASE("priorities on the wire: a small high-priority op overtakes a 64 MiB low-priority transfer" *
+          doctest::timeout(60)) {
+  auto o = kvtest::test_options(1, 1);
+  o.chunk_bytes = std::size_t{1} << 20;
+  kvtest::cluster c(o);
+  c.run_workers([](KVStore<dist>& kv) {
+    const std::size_t big_n = (std::size_t{64} << 20) / sizeof(float);
+    std::vector<float> big(big_n, 1.0f), big_out(big_n);
+    kv.init("big", big);
+    kv.init("small", filled(4, 0.0f));
+    const auto small = filled(4, 5.0f);
+    std::vector<float> small_out(4, -1.0f);
+    for (float& x : big) x = 2.0f;
+
+    // Push: the big one first at low priority, then the small push and pull at high priority.
+    std::vector<kvstore::op> ops{kv.push("big", big, -100), kv.push("small", small, 100),
+                                 kv.pull("small", small_out, 100)};
+    auto order = completion_order(ops);
+    REQUIRE(order.size() == 3);
+    CHECK(order.back() == 0);  // both small ops done before the big push
+    CHECK(small_out == filled(4, 5.0f));
+
+    // Pull: the server's answer of 64 chunks is overtaken by a later high-priority answer.
+    std::vector<float> small_out2(4, -1.0f);
+    std::vector<kvstore::op> pulls{kv.pull("big", big_out, -100), kv.pull("small", small_out2, 100)};
+    order = completion_order(pulls);
+    REQUIRE(order.size() == 2);
+    CHECK(order.front() == 1);
+    CHECK(small_out2 == filled(4, 5.0f));
+    CHECK(big_out == big);
+
+    // Equal priorities keep the issue order: the small push now waits for the big one.
+    const auto small2 = filled(4, 6.0f);
+    std::vector<kvstore::op> fifo{kv.push("big", big, 0), kv.push("small", small2, 0)};
+    order = completion_order(fifo);
+    REQUIRE(order.size() == 2);
+    CHECK(order.front() == 0);
+  });
+}
