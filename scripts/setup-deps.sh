@@ -5,6 +5,7 @@ set -euo pipefail
 
 APT_PACKAGES=(
   cmake ninja-build g++ clang ccache                      # toolchain
+  libclang-rt-14-dev                                      # libFuzzer + sanitizer runtimes (scripts/fuzz.sh)
   libboost1.81-dev libboost-serialization1.81-dev         # Boost.Asio + Boost.Serialization
   doctest-dev libbenchmark-dev libssl-dev                 # tests, benchmarks, TLS/HMAC
   openmpi-bin libopenmpi-dev                              # launching under mpirun

@@ -71,6 +71,20 @@ while read -r b; do
   if timeout 300 "$b" --quick; then bench_ok=$((bench_ok + 1)); else bench_bad=$((bench_bad + 1)); failed+=("$(basename "$b") --quick"); fi
 done < <(executables build/benchmarks)
 
+# Fuzzing: every libFuzzer target for a bounded time (KVSTORE_FUZZ_SECONDS each, default 30;
+# 0 skips), over a scratch copy of its corpus. The corpus itself is replayed by ctest above.
+fuzz_secs=${KVSTORE_FUZZ_SECONDS:-30}
+if ((fuzz_secs > 0)); then
+  echo "== fuzz: ${fuzz_secs} s per target (scripts/fuzz.sh) =="
+  mkdir -p build-fuzz
+  if bash scripts/fuzz.sh "$fuzz_secs" 2>&1 | tee build-fuzz/fuzz.log; then
+    summaries+=("$(printf '%-22s %s' "fuzz:" "$(grep -c '^fuzz_.*executions' build-fuzz/fuzz.log || true) targets, ${fuzz_secs} s each, no crash")")
+  else
+    summaries+=("$(printf '%-22s %s' "fuzz:" "FAILED (see build-fuzz/fuzz.log)")")
+    failed+=("fuzz")
+  fi
+fi
+
 echo
 echo "== summary =="
 printf '%-22s %s\n' "benchmarks --quick:" "$bench_ok ran, $bench_bad failed"

@@ -1,0 +1,221 @@
+// Writes the seed corpus of every fuzz target from the library's own encoders:
+//   fuzz_make_corpus <dir>   (the repository's is fuzz/corpus; regenerate after a format change)
+// Small valid inputs plus near-valid ones (truncated, one field off), a few KiB in all. Files are
+// named seed-*; crash-* files next to them are reproducers of fixed bugs and are kept.
+#include <kvstore/fwd.hpp>
+#include <kvstore/optim/all.hpp>
+#include <kvstore/optim/state_file.hpp>
+#include <kvstore/transport/auth.hpp>
+#include <kvstore/wire/frame.hpp>
+#include <kvstore/wire/messages.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace kvstore;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path root;
+
+void put(const std::string& target, const std::string& name, const std::string& bytes) {
+  fs::create_directories(root / target);
+  std::ofstream(root / target / ("seed-" + name), std::ios::binary) << bytes;
+}
+
+std::string frame(wire::header h, const std::string& meta = {}, const std::string& payload = {}) {
+  h.meta_len = static_cast<std::uint32_t>(meta.size());
+  h.payload_len = payload.size();
+  auto b = wire::encode(h);
+  return std::string(reinterpret_cast<const char*>(b.data()), b.size()) + meta + payload;
+}
+
+std::string floats(std::vector<float> v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+
+wire::header hdr(wire::cmd c, std::uint64_t key = 0, std::uint64_t req = 0) {
+  wire::header h;
+  h.command = c;
+  h.key = key;
+  h.req_id = req;
+  return h;
+}
+
+std::string states_payload() {
+  std::string p = wire::encode_state_head(3, wire::dtype::f32, 0, 4, 4, 7, 1) + floats({1, 2, 3, 4});
+  p += wire::encode_state_head(5, wire::dtype::f64, 2, 3, 6, 1, 2) + std::string(16, '\x01');
+  return p;
+}
+
+void frames() {
+  wire::header h = hdr(wire::cmd::push, 3, 9);
+  h.type = wire::dtype::f32;
+  h.total = 4;
+  h.flags = wire::flag_last;
+  h.payload_len = 16;
+  auto b = wire::encode(h);
+  const std::string ok(reinterpret_cast<const char*>(b.data()), b.size());
+  put("frame", "push", ok);
+  put("frame", "auth", frame(hdr(wire::cmd::auth), std::string(32, 'p')).substr(0, 80));
+  std::string bad = ok;
+  bad[4] = 2;  // version
+  put("frame", "version", bad);
+  bad = ok;
+  bad[6] = 99;  // command
+  put("frame", "command", bad);
+  bad = ok;
+  bad[16] = 3;  // payload not whole elements
+  put("frame", "partial-element", bad);
+  bad = ok;
+  bad[23] = 1;  // huge payload
+  put("frame", "huge", bad);
+  put("frame", "short", ok.substr(0, 40));
+}
+
+void handshake() {
+  auto with = [](int mode, int how, const std::string& s) { return std::string{char(mode), char(how)} + s; };
+  // Pre-auth (mode 0): a wrong proof, a frame before the proof, an oversized proof, junk.
+  put("handshake", "wrong-proof", with(0, 0, frame(hdr(wire::cmd::auth), std::string(32, 'x'))));
+  put("handshake", "hello-first", with(0, 0, frame(hdr(wire::cmd::hello))));
+  put("handshake", "long-proof", with(0, 0, frame(hdr(wire::cmd::auth), std::string(40, 'x'))));
+  put("handshake", "junk", with(0, 0, "GET / HTTP/1.1\r\n\r\n"));
+  // Authenticated (mode 1): frames of every shape, a payload bigger than the read buffer.
+  wire::header p = hdr(wire::cmd::push, 3, 1);
+  p.type = wire::dtype::f32;
+  p.total = 4;
+  wire::header d = hdr(wire::cmd::data, 3, 2);
+  d.type = wire::dtype::f64;
+  std::string s = frame(hdr(wire::cmd::hello)) + frame(p, "", floats({1, 2, 3, 4})) +
+                  frame(hdr(wire::cmd::pull, 3, 3), "meta") + frame(d, "", std::string(300, 'd'));
+  put("handshake", "frames", with(1, 0, s));
+  put("handshake", "frames-sink", with(1, 1 | 8, s));
+  put("handshake", "frames-badsink", with(1, 2 | 4, s));
+  put("handshake", "frames-refuse", with(1, 3, s));
+  put("handshake", "truncated-payload", with(1, 1, s.substr(0, s.size() - 100)));
+  // A payload larger than the connection's 64 KiB read buffer, cut short: the rest is read
+  // straight into the sink, then the peer closes.
+  wire::header big = hdr(wire::cmd::data, 3, 4);
+  big.payload_len = 200000;
+  auto bb = wire::encode(big);
+  put("handshake", "big-payload-cut", with(1, 1, std::string(reinterpret_cast<const char*>(bb.data()), bb.size()) + std::string(100, 'b')));
+  // Connector (mode 2): the acceptor's challenge, then its answers.
+  std::string c = frame(hdr(wire::cmd::challenge), std::string(32, 'n'));
+  wire::header r = hdr(wire::cmd::response);
+  r.status = static_cast<std::uint32_t>(errc::auth_failed);
+  put("handshake", "connector", with(2, 0, c + frame(hdr(wire::cmd::response, 0, 1), "ok") + frame(d, "", std::string(64, 'd'))));
+  put("handshake", "connector-refused", with(2, 0, c + frame(r)));
+  put("handshake", "connector-short-nonce", with(2, 0, frame(hdr(wire::cmd::challenge), std::string(8, 'n'))));
+}
+
+void messages() {
+  auto m = [](int which, const std::string& s) { return std::string(1, char(which)) + s; };
+  const std::string reg = wire::encode_registration({role::server, 1, "10.0.0.2", 9092});
+  put("messages", "registration", m(0, reg));
+  put("messages", "registration-truncated", m(0, reg.substr(0, reg.size() - 3)));
+  put("messages", "registration-role", m(0, wire::encode_registration({role::scheduler, -1, "", 0})));
+  wire::address_book book{2, {{0, 8, "10.0.0.2", 9092}, {1, 10, "", 9093}}};
+  const std::string b = wire::encode_address_book(book);
+  put("messages", "address-book", m(1, b));
+  std::string b2 = b;
+  b2[4] = char(0xff);  // servers count beyond the bytes
+  put("messages", "address-book-count", m(1, b2));
+  const std::string st = states_payload();
+  put("messages", "states", m(2, st));
+  put("messages", "states-truncated", m(2, st.substr(0, st.size() - 1)));
+  std::string st2 = st;
+  st2[44] = char(0xff);  // nslots
+  put("messages", "states-slots", m(2, st2));
+  put("messages", "init", m(3, wire::encode_init_meta({2, 4})));
+  put("messages", "optimizer", m(4, wire::encode_optimizer({"sgd", optim::make_updater<float>(optim::sgd{}).params})));
+  const std::int64_t rows[] = {0, 2, -1};
+  put("messages", "rows", m(5, wire::encode_rows(rows, 3)));
+  put("messages", "reader", m(6, "\x1b" + reg));
+}
+
+template <class T>
+std::string state_file() {
+  std::map<std::uint64_t, optim::key_state<T>> st;
+  st[3].st = {5, {{T(1), T(2), T(3)}}};
+  st[key::hash("w")] = {"w", {2, {{T(1)}, {T(2)}}}};
+  const fs::path tmp = fs::temp_directory_path() / "kvstore_make_corpus_states";
+  optim::save_states<T>(tmp, "sgd", st);
+  std::ifstream in(tmp, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  fs::remove(tmp);
+  return bytes;
+}
+
+void state_files() {
+  const std::string f = state_file<float>(), d = state_file<double>();
+  put("state_file", "float", std::string(1, '\0') + f);
+  put("state_file", "double", std::string(1, '\1') + d);
+  put("state_file", "float-truncated", std::string(1, '\0') + f.substr(0, f.size() - 5));
+  put("state_file", "double-as-float", std::string(1, '\0') + d);
+  // Header length: magic 8 + version 4 + 1 + 1 + 2 + name length 4 + "sgd" + length 8 + CRC 4.
+  const std::size_t head = 8 + 4 + 4 + 4 + 3 + 8 + 4;
+  put("state_file", "float-payload", std::string(1, '\2') + f.substr(head));
+  put("state_file", "double-payload", std::string(1, '\3') + d.substr(head));
+}
+
+void server_frames() {
+  // Mode 4: dist_sync, one worker, the hello sent by the harness.
+  const std::string meta = wire::encode_init_meta({0, 4});
+  wire::header init = hdr(wire::cmd::init, 3, 1);
+  init.type = wire::dtype::f32;
+  init.total = 4;
+  init.flags = wire::flag_last | wire::flag_has_data;
+  wire::header push = hdr(wire::cmd::push, 3, 2);
+  push.type = wire::dtype::f32;
+  push.total = 4;
+  push.flags = wire::flag_last;
+  wire::header pull = hdr(wire::cmd::pull, 3, 3);
+  pull.type = wire::dtype::f32;
+  pull.total = 4;
+  wire::header rinit = hdr(wire::cmd::init, 5, 4);  // a 3 x 2 matrix
+  rinit.type = wire::dtype::f64;
+  rinit.total = 6;
+  rinit.aux = 2;
+  rinit.flags = wire::flag_last | wire::flag_has_data;
+  wire::header prow = hdr(wire::cmd::push_rows, 5, 5);
+  prow.type = wire::dtype::f64;
+  prow.total = 6;
+  prow.flags = wire::flag_last;
+  wire::header qrow = hdr(wire::cmd::pull_rows, 5, 6);
+  qrow.type = wire::dtype::f64;
+  qrow.total = 6;
+  const std::int64_t rows[] = {2, 0};
+  const std::string base = frame(init, meta, floats({1, 2, 3, 4})) + frame(push, "", floats({1, 1, 1, 1})) +
+                           frame(pull);
+  put("server", "init-push-pull", std::string(1, '\4') + base);
+  put("server", "async", std::string(1, '\5') + base + frame(push, "", floats({1, 1, 1, 1})) + frame(pull));
+  put("server", "rows", std::string(1, '\4') + frame(rinit, wire::encode_init_meta({0, 6}), std::string(48, '\0')) +
+                            frame(prow, wire::encode_rows(rows, 2), std::string(32, '\1')) +
+                            frame(qrow, wire::encode_rows(rows, 2)));
+  const std::string opt = wire::encode_optimizer({"sgd", optim::make_updater<float>(optim::sgd{}).params});
+  put("server", "optimizer-states",
+      std::string(1, '\5') + frame(init, meta, floats({1, 2, 3, 4})) + frame(hdr(wire::cmd::set_optimizer, 0, 7), opt) +
+          frame(push, "", floats({1, 1, 1, 1})) + frame(hdr(wire::cmd::save_states, 0, 8)) +
+          frame(hdr(wire::cmd::load_states, 0, 9), "", wire::encode_state_head(3, wire::dtype::f32, 0, 4, 4, 2, 1) + floats({0, 0, 0, 0})));
+  put("server", "two-workers", std::string(1, '\6') + base + frame(hdr(wire::cmd::leave, 0, 10)) + frame(hdr(wire::cmd::bye, 0, 11)));
+  put("server", "no-hello", std::string(1, '\0') + base);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: fuzz_make_corpus <corpus dir>\n");
+    return 2;
+  }
+  root = argv[1];
+  frames();
+  handshake();
+  messages();
+  state_files();
+  server_frames();
+  std::printf("corpus written under %s\n", root.c_str());
+  return 0;
+}
