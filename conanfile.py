@@ -1,7 +1,7 @@
 """Conan 2 recipe for kvstore, a header-only C++20 parameter server.
 
-Offline with Debian's Boost:  bash scripts/conan-create.sh
-With ConanCenter:             conan create . --build=missing -s compiler.cppstd=20
+Offline with Debian's Boost and OpenSSL:  bash scripts/conan-create.sh
+With ConanCenter:                         conan create . --build=missing -s compiler.cppstd=20
 """
 import os
 
@@ -26,8 +26,10 @@ class KvstoreConan(ConanFile):
         self.version = re.search(r"project\(kvstore VERSION (\S+)", text).group(1)
 
     def requirements(self):
-        # Boost.Asio (headers) and Boost.Serialization (a library), both needed by consumers.
+        # Boost.Asio (headers) and Boost.Serialization (a library), both needed by consumers;
+        # OpenSSL 3 for connection authentication (libcrypto) and TLS (libssl).
         self.requires("boost/1.81.0", transitive_headers=True, transitive_libs=True)
+        self.requires("openssl/[>=3 <4]", transitive_headers=True, transitive_libs=True)
 
     def validate(self):
         check_min_cppstd(self, 20)
@@ -44,6 +46,7 @@ class KvstoreConan(ConanFile):
         self.cpp_info.set_property("cmake_target_name", "kvstore::kvstore")
         self.cpp_info.bindirs = []
         self.cpp_info.libdirs = []
-        self.cpp_info.requires = ["boost::headers", "boost::serialization"]
+        self.cpp_info.requires = ["boost::headers", "boost::serialization",
+                                  "openssl::crypto", "openssl::ssl"]
         if self.settings.os in ("Linux", "FreeBSD"):
             self.cpp_info.system_libs = ["pthread"]

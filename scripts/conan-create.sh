@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and tests the Conan package offline: Boost comes from the system (Debian), described by
-# conan/boost-system. Extra arguments go to `conan create`.
+# Builds and tests the Conan package offline: Boost and OpenSSL come from the system (Debian),
+# described to Conan by conan/boost-system and conan/openssl-system. Extra arguments go to `conan create`.
 # Environment: CONAN_HOME (default: Conan's own, ~/.conan2), KVSTORE_CONAN_WORK: if set, a scratch
 # folder the recipe is copied to first, so the run leaves nothing in the source tree (the ctest
 # test uses this).
@@ -19,4 +19,5 @@ fi
 set -x
 conan profile detect --exist-ok
 conan export conan/boost-system
+conan export conan/openssl-system
 conan create . --build=missing -nr -s compiler.cppstd=20 "$@"
