@@ -196,6 +196,14 @@ std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
   if (r.rest.size() > payload_len) throw bad("unexpected bytes after the payload");
   if (kvstore::detail::checksum(r.rest) != crc) throw bad("checksum mismatch (corrupt file)");
 
+  // Boost's archive header opens with its signature as a length-prefixed string, which Boost
+  // allocates before reading: check it here, so a corrupt length is refused, not allocated.
+  {
+    std::string sig;
+    kvstore::detail::put_le<std::uint64_t>(sig, 22);
+    sig += "serialization::archive";
+    if (r.rest.substr(0, sig.size()) != sig) throw bad("cannot decode the payload: not a Boost binary archive");
+  }
   std::map<std::uint64_t, key_state<T>> states;
   try {
     kvstore::detail::memory_streambuf buf(r.rest);
