@@ -28,6 +28,7 @@ struct transport_security {
   bool acceptor = false;
   std::chrono::milliseconds handshake_timeout{5'000};
   std::chrono::milliseconds idle_timeout{0};
+  std::string tls_cert, tls_key, tls_ca;  // TLS when tls_cert is set
 };
 
 /// What the job does when a worker dies (its connection drops or it misses heartbeats for
@@ -76,6 +77,10 @@ struct dist_options {
   /// A server or the scheduler drops a connection silent for this long (0: never). Workers and
   /// servers send heartbeats every heartbeat_interval, so only a stuck or rogue peer hits it.
   std::chrono::milliseconds idle_timeout{60'000};
+  /// TLS for every connection when tls_cert is set: this node's certificate chain and key (PEM)
+  /// and the CA that signs every node's certificate; peers are verified on both sides.
+  /// KVSTORE_TLS_CERT, KVSTORE_TLS_KEY, KVSTORE_TLS_CA.
+  std::string tls_cert, tls_key, tls_ca;
   /// Most connections a server or the scheduler holds at once; more are closed on accept.
   std::size_t max_connections = 4096;
 
@@ -114,6 +119,9 @@ struct dist_options {
     s.acceptor = acceptor;
     s.handshake_timeout = handshake_timeout;
     s.idle_timeout = acceptor ? idle_timeout : std::chrono::milliseconds(0);
+    s.tls_cert = tls_cert;
+    s.tls_key = tls_key;
+    s.tls_ca = tls_ca;
     return s;
   }
 
@@ -173,6 +181,9 @@ struct dist_options {
       else throw error(errc::invalid_argument, "KVSTORE_ON_WORKER_DEATH=\"" + *v + "\": expected leave or fail");
     }
     if (auto v = env("KVSTORE_CHECKPOINT_DIR")) checkpoint_dir = *v;
+    if (auto v = env("KVSTORE_TLS_CERT")) tls_cert = *v;
+    if (auto v = env("KVSTORE_TLS_KEY")) tls_key = *v;
+    if (auto v = env("KVSTORE_TLS_CA")) tls_ca = *v;
     if (auto v = env("KVSTORE_CHECKPOINT_INTERVAL_MS"))
       checkpoint_interval = std::chrono::milliseconds(parse_int("KVSTORE_CHECKPOINT_INTERVAL_MS", *v, 0, 1 << 30));
     if (auto v = env("KVSTORE_CHECKPOINT_ROUNDS"))

@@ -181,6 +181,7 @@ class worker_client final : public transport::frame_handler {
   }
 
   void join() {
+    transport::tls_context(opts_.security(false));  // a bad TLS file is an error now, not later
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
                                               opts_.connect_timeout, "the scheduler");
     sched_ = std::make_shared<transport::connection>(std::move(sock), *this, small_limits(), opts_.security(false));

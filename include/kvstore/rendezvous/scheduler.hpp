@@ -42,6 +42,7 @@ class scheduler final : public transport::frame_handler {
       throw error(errc::unreachable, "scheduler cannot listen on " + host + ":" +
                                          std::to_string(opts_.scheduler_port) + ": " + e.what());
     }
+    transport::tls_context(opts_.security(true));  // a bad TLS file is an error now, not later
     if (opts_.token.empty() && host != "127.0.0.1")
       detail::log_warn("scheduler", "no KVSTORE_TOKEN set but listening on " + host +
                                         ": anyone who reaches the port can join");

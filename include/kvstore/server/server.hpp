@@ -40,6 +40,8 @@ class server final : public transport::frame_handler {
     } catch (const std::exception& e) {
       throw error(errc::unreachable, "server cannot listen on " + host + ": " + e.what());
     }
+    transport::tls_context(opts_.security(true));  // a bad TLS file is an error now, not later
+    transport::tls_context(opts_.security(false));
     advertise_ = opts_.advertise_host.empty() ? (host == "0.0.0.0" ? std::string() : host)
                                               : opts_.advertise_host;
     if (opts_.token.empty() && host != "127.0.0.1")
@@ -331,7 +333,10 @@ class server final : public transport::frame_handler {
     const std::uint64_t rl = h.aux;
     if (h.type != wire::dtype::f32 && h.type != wire::dtype::f64)
       throw error(errc::invalid_argument, "key " + key_str(h.key) + ": init without an element type");
-    if (h.total == 0 || lo >= hi || hi > h.total || (rl && (h.total % rl || lo % rl || hi % rl)))
+    // (hi - lo) * element size must not wrap: a wrapped size allocates a short value that later
+    // writes overrun (found by fuzz/fuzz_server.cpp).
+    if (h.total == 0 || lo >= hi || hi > h.total || (rl && (h.total % rl || lo % rl || hi % rl)) ||
+        hi - lo > std::numeric_limits<std::size_t>::max() / 8)
       throw error(errc::invalid_argument, "key " + key_str(h.key) + ": bad slice [" + std::to_string(lo) +
                                               ", " + std::to_string(hi) + ") of " + std::to_string(h.total));
     auto [it, fresh] = slices_.try_emplace(h.key);
@@ -359,7 +364,7 @@ class server final : public transport::frame_handler {
       throw error(errc::already_inited, "key " + key_str(h.key) + " is already inited");
     if (h.flags & wire::flag_has_data) {
       const std::uint64_t n = check_range(s, h, payload.size());
-      std::memcpy(s.value->data() + (h.offset - s.lo) * s.elem(), payload.data(), n * s.elem());
+      if (n) std::memcpy(s.value->data() + (h.offset - s.lo) * s.elem(), payload.data(), n * s.elem());
     }
     if (!(h.flags & wire::flag_last)) return;
     s.init_done.insert(rank);

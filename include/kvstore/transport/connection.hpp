@@ -9,6 +9,7 @@
 #include <kvstore/detail/log.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/transport/auth.hpp>
+#include <kvstore/transport/tls.hpp>
 #include <kvstore/wire/frame.hpp>
 
 #include <boost/asio.hpp>
@@ -135,8 +136,37 @@ class connection : public std::enable_shared_from_this<connection> {
     }
   };
 
+  // Runs f on the stream all IO uses: the TLS stream when TLS is on, else the socket.
+  template <class F>
+  void io(F&& f) {
+    if (tls_) f(*tls_);
+    else f(sock_);
+  }
+
   // ---- handshake ----------------------------------------------------------------------------
+  // TLS first (when on, within the handshake deadline), then the token challenge.
   void begin() {
+    if (closed_flag_) return;
+    std::shared_ptr<ssl::context> ctx;
+    try {
+      ctx = tls_context(sec_);
+    } catch (const std::exception& e) {
+      return fail(e.what());
+    }
+    if (ctx) {
+      tls_ = std::make_unique<ssl::stream<tcp::socket&>>(sock_, *ctx);
+      arm_timer(sec_.handshake_timeout, true);
+      tls_->async_handshake(sec_.acceptor ? ssl::stream_base::server : ssl::stream_base::client,
+                            [self = shared_from_this()](boost::system::error_code ec) {
+                              if (ec) return self->fail("TLS handshake: " + ec.message());
+                              self->begin_token();
+                            });
+      return;
+    }
+    begin_token();
+  }
+
+  void begin_token() {
     if (closed_flag_) return;
     if (sec_.acceptor) {
       // Until the proof arrives: one small frame at most, within the deadline.
@@ -149,9 +179,9 @@ class connection : public std::enable_shared_from_this<connection> {
       h.meta_len = static_cast<std::uint32_t>(nonce_.size());
       hs_hdr_ = wire::encode(h);
       std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(nonce_)};
-      asio::async_write(sock_, b, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+      io([&](auto& st) { asio::async_write(st, b, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
         if (ec) self->fail("write: " + ec.message());
-      });
+      }); });
     } else {
       full_limits_ = limits_;
       limits_.max_payload = 0;
@@ -171,9 +201,9 @@ class connection : public std::enable_shared_from_this<connection> {
         r.command = wire::cmd::response;
         r.status = static_cast<std::uint32_t>(errc::auth_failed);
         hs_hdr_ = wire::encode(r);
-        asio::async_write(sock_, asio::buffer(hs_hdr_), [self = shared_from_this()](boost::system::error_code, std::size_t) {
+        io([&](auto& st) { asio::async_write(st, asio::buffer(hs_hdr_), [self = shared_from_this()](boost::system::error_code, std::size_t) {
           self->fail("authentication failed (wrong token)");
-        });
+        }); });
         closing_ = true;
         return;
       }
@@ -192,13 +222,13 @@ class connection : public std::enable_shared_from_this<connection> {
     hs_hdr_ = wire::encode(a);
     proof_ = make_proof(sec_.token, meta);
     std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(proof_)};
-    asio::async_write(sock_, b, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+    io([&](auto& st) { asio::async_write(st, b, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
       if (ec) return self->fail("write: " + ec.message());
       self->authed_ = true;
       self->limits_ = self->full_limits_;
       self->arm_timer(self->sec_.idle_timeout, false);
       self->start_writing();
-    });
+    }); });
   }
 
   void start_writing() {
@@ -243,7 +273,7 @@ class connection : public std::enable_shared_from_this<connection> {
       rend_ -= rbeg_;
       rbeg_ = 0;
     }
-    sock_.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
+    io([&](auto& st) { st.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
                           [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                             if (ec) return self->fail(ec == asio::error::eof
                                                           ? "closed by peer"
@@ -251,7 +281,7 @@ class connection : public std::enable_shared_from_this<connection> {
                             self->rend_ += n;
                             self->last_rx_ = std::chrono::steady_clock::now();
                             self->parse();
-                          });
+                          }); });
   }
 
   // Parses as many whole frames as the buffer holds; reads big payloads straight to their sink.
@@ -308,13 +338,13 @@ class connection : public std::enable_shared_from_this<connection> {
       if (got_ < cur_.payload_len) {
         // The rest goes straight into the sink, no staging copy.
         rbeg_ = rend_ = 0;
-        asio::async_read(sock_, asio::buffer(sink_.data() + got_, cur_.payload_len - got_),
+        io([&](auto& st) { asio::async_read(st, asio::buffer(sink_.data() + got_, cur_.payload_len - got_),
                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                            if (ec) return self->fail("read: " + ec.message());
                            self->got_ += n;
                            self->deliver();
                            self->parse();
-                         });
+                         }); });
         return;
       }
       deliver();
@@ -368,11 +398,11 @@ class connection : public std::enable_shared_from_this<connection> {
       if (!f.meta.empty()) bufs.emplace_back(f.meta.data(), f.meta.size());
       if (f.payload_len) bufs.emplace_back(f.payload, f.payload_len);
     }
-    asio::async_write(sock_, bufs, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+    io([&](auto& st) { asio::async_write(st, bufs, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
       self->inflight_.clear();
       if (ec) return self->fail("write: " + ec.message());
       self->write_more();
-    });
+    }); });
   }
 
   void fail(const std::string& reason) {
@@ -392,6 +422,7 @@ class connection : public std::enable_shared_from_this<connection> {
   enum class stage { header, meta, payload };
 
   tcp::socket sock_;
+  std::unique_ptr<ssl::stream<tcp::socket&>> tls_;  // set when TLS is on: all IO goes through it
   asio::steady_timer timer_;
   frame_handler* handler_;
   wire::limits limits_;
