@@ -1,0 +1,560 @@
+#include <kvstore/dist.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "dist_cluster.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+// Errors, not hangs: misuse refused with the servers serving on, a server stopped mid-job, a
+// worker process killed mid-round, rounds that cannot complete hitting their deadline, and
+// garbage sent to a server's or the scheduler's port dropped while real workers carry on.
+
+extern char** environ;
+
+namespace {
+
+using kvstore::dist;
+using kvstore::errc;
+using kvstore::KVStore;
+using clk = std::chrono::steady_clock;
+
+template <class T = float>
+std::vector<T> filled(std::size_t n, T v) {
+  return std::vector<T>(n, v);
+}
+
+template <class F>
+void expect_error(F&& f, errc code, std::initializer_list<std::string> parts) {
+  try {
+    f();
+    FAIL("no exception; expected one containing " << *parts.begin());
+  } catch (const kvstore::error& e) {
+    CHECK_MESSAGE(e.code() == make_error_code(code), e.what());
+    for (auto& p : parts) CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
+  }
+}
+
+double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+
+// An integer key of `total` floats whose (only) slice lives on server `server`.
+std::int64_t key_on(int server, int servers, std::uint64_t total, std::size_t slice_bytes, std::int64_t from = 1) {
+  for (std::int64_t k = from;; ++k) {
+    auto p = kvstore::detail::partition(static_cast<std::uint64_t>(k), total, 0, 4, servers, slice_bytes);
+    if (p.size() == 1 && p[0].server == server) return k;
+  }
+}
+
+// ---- a raw TCP client, for speaking (or garbling) the wire protocol by hand ----------------------
+struct raw_client {
+  int fd = -1;
+  explicit raw_client(std::uint16_t port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  }
+  ~raw_client() {
+    if (fd >= 0) ::close(fd);
+  }
+  bool send_bytes(const void* p, std::size_t n) {
+    const char* c = static_cast<const char*>(p);
+    while (n) {
+      ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
+      if (w <= 0) return false;
+      c += w;
+      n -= static_cast<std::size_t>(w);
+    }
+    return true;
+  }
+  bool send_frame(kvstore::wire::header h, const std::string& meta = {}, const std::string& payload = {}) {
+    h.meta_len = static_cast<std::uint32_t>(meta.size());
+    h.payload_len = payload.size();
+    auto b = kvstore::wire::encode(h);
+    return send_bytes(b.data(), b.size()) && send_bytes(meta.data(), meta.size()) &&
+           send_bytes(payload.data(), payload.size());
+  }
+  // Answers the acceptor's challenge with the proof of `token` (empty: the job has no token).
+  bool handshake(const std::string& token = {}) {
+    kvstore::wire::header h;
+    std::string nonce;
+    if (!read_frame(h, nonce) || h.command != kvstore::wire::cmd::challenge) return false;
+    kvstore::wire::header a;
+    a.command = kvstore::wire::cmd::auth;
+    return send_frame(a, kvstore::transport::make_proof(token, nonce));
+  }
+  // Reads exactly n bytes; false on EOF, error or deadline.
+  bool read_exact(void* p, std::size_t n, std::chrono::milliseconds timeout) {
+    char* c = static_cast<char*>(p);
+    const auto until = clk::now() + timeout;
+    while (n) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
+      if (left <= 0) return false;
+      pollfd pf{fd, POLLIN, 0};
+      if (::poll(&pf, 1, static_cast<int>(left)) <= 0) return false;
+      ssize_t r = ::recv(fd, c, n, 0);
+      if (r <= 0) return false;
+      c += r;
+      n -= static_cast<std::size_t>(r);
+    }
+    return true;
+  }
+  // Reads one frame (header, meta; payload skipped).
+  bool read_frame(kvstore::wire::header& h, std::string& meta) {
+    kvstore::wire::header_bytes b;
+    if (!read_exact(b.data(), b.size(), std::chrono::seconds(10))) return false;
+    std::string why;
+    kvstore::wire::limits lim;
+    if (!kvstore::wire::decode(b.data(), h, lim, why)) return false;
+    meta.resize(h.meta_len);
+    if (!read_exact(meta.data(), meta.size(), std::chrono::seconds(10))) return false;
+    std::string payload(h.payload_len, '\0');
+    return read_exact(payload.data(), payload.size(), std::chrono::seconds(10));
+  }
+  // True once the peer has closed the connection (EOF or reset) within the timeout; bytes sent
+  // before the close are skipped.
+  bool closed_by_peer(std::chrono::milliseconds timeout) {
+    const auto until = clk::now() + timeout;
+    char buf[4096];
+    for (;;) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
+      if (left <= 0) return false;
+      pollfd pf{fd, POLLIN, 0};
+      if (::poll(&pf, 1, static_cast<int>(left)) <= 0) return false;
+      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
+      if (r <= 0) return true;
+    }
+  }
+};
+
+kvstore::wire::header hdr(kvstore::wire::cmd c) {
+  kvstore::wire::header h;
+  h.command = c;
+  return h;
+}
+
+}  // namespace
+
+// ---- a worker in a child process (this test binary, re-executed with a test-case filter) -------
+// With KVTEST_CHILD_WORKER set this case is a dist worker configured from the environment: it
+// inits key 1, pushes one round, checks the pull, prints "ready" and then sleeps until killed.
+// Without it (every normal run) it does nothing.
+TEST_CASE("child worker process (runs only when re-executed by the killed-worker test)" * doctest::timeout(90)) {
+  if (!std::getenv("KVTEST_CHILD_WORKER")) return;
+  int rc = 0;
+  try {
+    KVStore<dist> kv;  // from the environment
+    kv.init(1, filled(4, 0.0f));
+    kv.push(1, filled(4, 2.0f)).wait();
+    std::vector<float> out(4);
+    kv.pull(1, out).wait();
+    if (out != filled(4, 3.0f)) throw std::runtime_error("wrong value after round 1");
+    std::printf("\nready\n");
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+  } catch (const std::exception& e) {
+    std::printf("\nchild failed: %s\n", e.what());
+    std::fflush(stdout);
+    rc = 1;
+  }
+  std::_Exit(rc);
+}
+
+TEST_CASE("misuse is a kvstore::error naming the key, and the servers keep serving everyone" *
+          doctest::timeout(30)) {
+  auto o = kvtest::test_options(2, 2);
+  o.slice_bytes = 64;
+  kvtest::cluster c(o);
+  const auto k = key_on(1, 2, 4, o.slice_bytes);
+  c.run_workers([&](KVStore<dist>& kv) {
+    kv.init(k, filled(4, 1.0f));
+    kv.init("m", filled(40, 0.0f), 4);  // 10 rows of 4, sliced over both servers
+    std::vector<float> out(4), rows2(8);
+    if (kv.rank() == 0) {
+      expect_error([&] { kv.pull(424242, out); }, errc::unknown_key, {"424242"});
+      expect_error([&] { kv.push("ghost", filled(4, 1.0f)); }, errc::unknown_key, {"\"ghost\""});
+      expect_error([&] { kv.push(k, filled(5, 1.0f)); }, errc::size_mismatch, {std::to_string(k), "5"});
+      expect_error([&] { kv.pull(k, rows2); }, errc::size_mismatch, {std::to_string(k), "8"});
+      std::vector<std::int64_t> far{2, 10}, ok{1, 2};
+      expect_error([&] { kv.pull_rows("m", far, rows2); }, errc::row_out_of_range, {"\"m\"", "row 10"});
+      expect_error([&] { kv.push_rows(k, ok, rows2); }, errc::not_a_matrix, {std::to_string(k)});
+    }
+    // init twice: refused on every worker, and the value is untouched.
+    expect_error([&] { kv.init(k, filled(4, 5.0f)); }, errc::already_inited, {std::to_string(k)});
+    kv.push(k, filled(4, static_cast<float>(kv.rank() + 1))).wait();
+    kv.pull(k, out).wait();
+    CHECK(out == filled(4, 3.0f));
+  });
+}
+
+TEST_CASE("a server refuses bad requests with an error answer naming the key, and keeps the connection" *
+          doctest::timeout(30)) {
+  auto o = kvtest::test_options(1, 1);
+  kvtest::cluster c(o);
+  c.run_workers([&](KVStore<dist>& kv) {
+    kv.init(5, filled(4, 7.0f));
+    raw_client rc(c.server(0).port());
+    REQUIRE(rc.handshake());
+    auto hello = hdr(kvstore::wire::cmd::hello);
+    hello.aux = 0;  // as worker 0 (this test's own worker: it says bye before closing)
+    REQUIRE(rc.send_frame(hello));
+    auto expect_refusal = [&](kvstore::wire::header h, std::uint64_t req, errc code, const std::string& part,
+                              const std::string& meta = {}) {
+      h.req_id = req;
+      REQUIRE(rc.send_frame(h, meta));
+      kvstore::wire::header ans;
+      std::string msg;
+      REQUIRE(rc.read_frame(ans, msg));
+      CHECK(ans.command == kvstore::wire::cmd::response);
+      CHECK(ans.req_id == req);
+      CHECK_MESSAGE(ans.status == static_cast<std::uint32_t>(code), msg);
+      CHECK_MESSAGE(msg.find(part) != std::string::npos, msg);
+    };
+    auto pull = hdr(kvstore::wire::cmd::pull);
+    pull.key = 31337;
+    pull.total = 4;
+    pull.type = kvstore::wire::dtype::f32;
+    expect_refusal(pull, 1, errc::unknown_key, "31337");
+    pull.key = 5;
+    pull.total = 9;
+    expect_refusal(pull, 2, errc::size_mismatch, "5");
+    auto rows = hdr(kvstore::wire::cmd::pull_rows);
+    rows.key = 5;
+    rows.total = 4;
+    rows.type = kvstore::wire::dtype::f32;
+    std::int64_t r0 = 0;
+    expect_refusal(rows, 3, errc::not_a_matrix, "5", kvstore::wire::encode_rows(&r0, 1));
+    auto bye = hdr(kvstore::wire::cmd::bye);
+    bye.req_id = 4;
+    REQUIRE(rc.send_frame(bye));
+    kvstore::wire::header ans;
+    std::string msg;
+    REQUIRE(rc.read_frame(ans, msg));
+    CHECK(ans.status == 0);
+    // The real worker is unaffected.
+    std::vector<float> out(4);
+    kv.push(5, filled(4, 2.0f)).wait();
+    kv.pull(5, out).wait();
+    CHECK(out == filled(4, 2.0f));
+  });
+}
+
+TEST_CASE("garbage on a server's or the scheduler's port is dropped; real workers carry on" *
+          doctest::timeout(60)) {
+  auto o = kvtest::test_options(2, 2);
+  o.max_frame_bytes = std::size_t{16} << 20;
+  o.handshake_timeout = std::chrono::milliseconds(1000);
+  kvtest::cluster c(o);
+  std::atomic<bool> garbage_done{false}, quit{false};
+  std::atomic<int> rounds{0};
+  std::atomic<int> end_round{1 << 30};
+  std::thread attacker([&] {
+    // Wait until the workers are at work.
+    while (rounds < 3 && !quit) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::vector<std::uint16_t> ports{c.server(0).port(), c.server(1).port(), c.options().scheduler_port};
+    std::mt19937 rng(42);
+    for (auto port : ports) {
+      CAPTURE(port);
+      {  // random bytes
+        raw_client rc(port);
+        std::string junk(4096, '\0');
+        for (auto& ch : junk) ch = static_cast<char>(rng());
+        junk[0] = 'X';  // never the magic by chance
+        rc.send_bytes(junk.data(), junk.size());
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+      {  // a valid header announcing a payload far above the limit: refused before allocating
+        raw_client rc(port);
+        auto h = hdr(kvstore::wire::cmd::hello);
+        auto b = kvstore::wire::encode(h);
+        kvstore::wire::detail::put64(b.data() + 16, std::uint64_t{1} << 40);
+        rc.send_bytes(b.data(), b.size());
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+      {  // just above the configured maximum frame
+        raw_client rc(port);
+        auto h = hdr(kvstore::wire::cmd::hello);
+        auto b = kvstore::wire::encode(h);
+        kvstore::wire::detail::put64(b.data() + 16, (std::uint64_t{16} << 20) + 4);
+        rc.send_bytes(b.data(), b.size());
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+      {  // huge metadata length
+        raw_client rc(port);
+        auto b = kvstore::wire::encode(hdr(kvstore::wire::cmd::hello));
+        kvstore::wire::detail::put32(b.data() + 12, 0xFFFFFFFFu);
+        rc.send_bytes(b.data(), b.size());
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+      {  // wrong magic
+        raw_client rc(port);
+        auto b = kvstore::wire::encode(hdr(kvstore::wire::cmd::hello));
+        kvstore::wire::detail::put32(b.data(), 0x12345678u);
+        rc.send_bytes(b.data(), b.size());
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+      {  // wrong version
+        raw_client rc(port);
+        auto b = kvstore::wire::encode(hdr(kvstore::wire::cmd::hello));
+        kvstore::wire::detail::put16(b.data() + 4, 77);
+        rc.send_bytes(b.data(), b.size());
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+      {  // unknown command
+        raw_client rc(port);
+        auto b = kvstore::wire::encode(hdr(kvstore::wire::cmd::hello));
+        kvstore::wire::detail::put16(b.data() + 6, 999);
+        rc.send_bytes(b.data(), b.size());
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+      {  // a well-formed frame that is not the first frame a peer must send
+        raw_client rc(port);
+        auto h = hdr(kvstore::wire::cmd::push);
+        h.key = 1;
+        h.total = 1;
+        h.type = kvstore::wire::dtype::f32;
+        rc.send_frame(h, {}, std::string(4, '\0'));
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+      {  // a slow drip of a bad header, one byte every 5 ms, then dropped when it is complete
+        raw_client rc(port);
+        auto b = kvstore::wire::encode(hdr(kvstore::wire::cmd::hello));
+        kvstore::wire::detail::put32(b.data(), 0xDEADBEEFu);
+        for (auto byte : b) {
+          rc.send_bytes(&byte, 1);
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+      }
+    }
+    {  // a proof for the wrong token
+      raw_client rc(c.server(0).port());
+      CHECK(rc.handshake("not the token"));
+      CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+    }
+    {  // a hello that claims a worker rank the job does not have
+      raw_client rc(c.server(0).port());
+      CHECK(rc.handshake());
+      auto h = hdr(kvstore::wire::cmd::hello);
+      h.aux = 1000;
+      rc.send_frame(h);
+      CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
+    }
+    {  // a client that stalls half-way through its first frame is dropped at the handshake deadline
+      raw_client stalled(c.server(1).port());
+      auto b = kvstore::wire::encode(hdr(kvstore::wire::cmd::auth));
+      stalled.send_bytes(b.data(), 40);
+      const auto t0 = clk::now();
+      CHECK(stalled.closed_by_peer(std::chrono::seconds(5)));
+      CHECK(seconds_since(t0) >= 0.5);
+    }
+    garbage_done = true;
+    while (!quit) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // until the workers finish
+  });
+  try {
+    c.run_workers([&](KVStore<dist>& kv) {
+      kv.init(1, filled(3, 0.0f));
+      kv.init("big", filled(1 << 16, 0.0f));  // 256 KiB
+      std::vector<float> out(3), big(1 << 16);
+      const auto started = clk::now();
+      // Rounds continue through the whole attack, and five after it. Rank 0 decides the last
+      // round before a barrier; the others read it after (one decision, seen by all).
+      for (int round = 1; round <= end_round.load(); ++round) {
+        const float f = static_cast<float>(round);
+        const auto a = filled(3, f * static_cast<float>(kv.rank() + 1));
+        const auto g = filled(1 << 16, f);
+        kv.push(1, a);
+        kv.push("big", g);
+        kv.pull(1, out);
+        kv.pull("big", big).wait();
+        kv.wait_all();
+        REQUIRE(out == filled(3, 3 * f));
+        REQUIRE(big == filled(1 << 16, 2 * f));
+        if (kv.rank() == 0) {
+          rounds = round;
+          if (garbage_done && end_round == (1 << 30)) end_round = round + 5;
+        }
+        kv.barrier();
+        if (seconds_since(started) > 40) FAIL("the attack never finished");
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    });
+  } catch (...) {
+    quit = true;
+    attacker.join();
+    throw;
+  }
+  quit = true;
+  attacker.join();
+  CHECK(rounds > 5);
+}
+
+TEST_CASE("a server stopped mid-job fails pending and later ops naming it, quickly; the rest goes on" *
+          doctest::timeout(40)) {
+  auto o = kvtest::test_options(2, 2);
+  o.slice_bytes = 64;
+  kvtest::cluster c(o);
+  const auto on1 = key_on(1, 2, 4, o.slice_bytes), on0 = key_on(0, 2, 4, o.slice_bytes);
+  std::atomic<int> step{0};
+  std::atomic<double> failed_after{-1};
+  c.run_workers([&](KVStore<dist>& kv) {
+    kv.set_barrier_before_exit(true);
+    kv.init(on1, filled(4, 1.0f));
+    kv.init(on0, filled(4, 1.0f));
+    kv.init("big", filled(100, 1.0f));  // sliced over both
+    kv.barrier();
+    if (kv.rank() == 0) {
+      // Worker 1 never pushes this round: the push stays pending until server 1 is gone.
+      const auto g = filled(4, 5.0f);
+      auto p = kv.push(on1, g);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      CHECK_FALSE(p.ready());
+      step = 1;
+      while (step < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const auto t0 = clk::now();
+      expect_error([&] { p.wait(); }, errc::node_dead, {"server 1", "push of key " + std::to_string(on1)});
+      failed_after = seconds_since(t0);
+    } else {
+      while (step < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      c.server(1).stop();
+      step = 2;
+    }
+    kv.barrier();
+    // Later ops on the lost server fail at once, naming it; whole-key pulls of a sliced key too.
+    std::vector<float> out(4), big(100);
+    auto t1 = clk::now();
+    expect_error([&] { kv.pull(on1, out).wait(); }, errc::node_dead, {"server 1"});
+    expect_error([&] { kv.pull("big", big).wait(); }, errc::node_dead, {"server 1"});
+    CHECK(seconds_since(t1) < 2.0);
+    // Server 0 still runs its sync rounds.
+    const auto g = filled(4, static_cast<float>(kv.rank() + 1));
+    kv.push(on0, g).wait();
+    kv.pull(on0, out).wait();
+    CHECK(out == filled(4, 3.0f));
+  });
+  CHECK(failed_after >= 0.0);
+  CHECK(failed_after < 5.0);  // detected, not left to the 20 s request deadline
+}
+
+TEST_CASE("a sync round that cannot complete fails at the request deadline, naming the server" *
+          doctest::timeout(30)) {
+  auto o = kvtest::test_options(2, 1);
+  o.request_timeout = std::chrono::milliseconds(800);
+  kvtest::cluster c(o);
+  c.run_workers([&](KVStore<dist>& kv) {
+    kv.init(3, filled(2, 0.0f));
+    if (kv.rank() == 0) {
+      const auto t0 = clk::now();
+      const auto g = filled(2, 1.0f);
+      expect_error([&] { kv.push(3, g).wait(); }, errc::timeout, {"push of key 3", "server 0", "800 ms"});
+      const double s = seconds_since(t0);
+      CHECK(s >= 0.7);
+      CHECK(s < 5.0);
+    }
+    kv.barrier();
+  });
+}
+
+TEST_CASE("a worker process killed mid-round: the others' sync push and barrier fail naming it" *
+          doctest::timeout(60)) {
+  auto o = kvtest::test_options(2, 1);
+  o.on_worker_death = kvstore::worker_death::fail;  // the default, leave_group, lets the rest go on
+  kvtest::cluster c(o);
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "KVSTORE_", 8) != 0 && std::strncmp(*e, "DMLC_", 5) != 0) env_s.emplace_back(*e);
+  env_s.push_back("KVTEST_CHILD_WORKER=1");
+  env_s.push_back("KVSTORE_ROLE=worker");
+  env_s.push_back("KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(c.options().scheduler_port));
+  env_s.push_back("KVSTORE_NUM_WORKERS=2");
+  env_s.push_back("KVSTORE_NUM_SERVERS=1");
+  env_s.push_back("KVSTORE_RANK=1");
+  env_s.push_back("KVSTORE_ON_WORKER_DEATH=fail");
+  std::vector<char*> envp;
+  for (auto& s : env_s) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  char self[] = "/proc/self/exe";
+  char filter[] = "--test-case=child worker process*";
+  char* argv[] = {self, filter, nullptr};
+  pid_t pid = -1;
+  REQUIRE(::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, envp.data()) == 0);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(fds[1]);
+  struct reaper {
+    pid_t pid;
+    int fd;
+    ~reaper() {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+      ::close(fd);
+    }
+  } reap{pid, fds[0]};
+
+  auto wo = c.options();
+  wo.role = kvstore::role::worker;
+  wo.rank_hint = 0;
+  KVStore<dist> kv(wo);
+  kv.set_barrier_before_exit(false);
+  REQUIRE(kv.rank() == 0);
+  kv.init(1, filled(4, 0.0f));
+  kv.push(1, filled(4, 1.0f)).wait();  // round 1 with the child: 1 + 2
+  std::vector<float> out(4);
+  kv.pull(1, out).wait();
+  CHECK(out == filled(4, 3.0f));
+  // Wait for the child's "ready".
+  std::string line;
+  const auto until = clk::now() + std::chrono::seconds(20);
+  while (line.find("ready\n") == std::string::npos && line.find("failed") == std::string::npos &&
+         clk::now() < until) {
+    pollfd pf{fds[0], POLLIN, 0};
+    if (::poll(&pf, 1, 100) > 0) {
+      char buf[256];
+      auto n = ::read(fds[0], buf, sizeof buf);
+      if (n <= 0) break;
+      line.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  REQUIRE_MESSAGE(line.find("\nready\n") != std::string::npos, line);
+  CHECK(kv.num_dead_node(4, 60) == 0);
+  // Round 2: only this worker pushes, then the child dies.
+  const auto g = filled(4, 1.0f);
+  auto p = kv.push(1, g);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  CHECK_FALSE(p.ready());
+  const auto t0 = clk::now();
+  REQUIRE(::kill(pid, SIGKILL) == 0);
+  expect_error([&] { p.wait(); }, errc::node_dead, {"worker 1"});
+  CHECK(seconds_since(t0) < 5.0);
+  expect_error([&] { kv.barrier(); }, errc::node_dead, {"worker 1"});
+  CHECK(seconds_since(t0) < 5.0);
+  CHECK(kv.num_dead_node(4, 60) == 1);
+  CHECK(kv.num_dead_node(2, 60) == 0);
+}
