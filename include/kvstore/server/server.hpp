@@ -500,7 +500,7 @@ class server final : public transport::frame_handler {
     T* w = reinterpret_cast<T*>(v.data()) + rel;
     auto& upd = updater<T>();
     if (!upd) {
-      std::memcpy(w, grad, n * sizeof(T));
+      if (n) std::memcpy(w, grad, n * sizeof(T));  // an empty push has no payload pointer
       return;
     }
     auto& st = state<T>(s);
