@@ -104,8 +104,10 @@ class connection : public std::enable_shared_from_this<connection> {
         start = true;
       }
     }
+    // On the connection's own io thread (a server answering inside its frame handler) the write
+    // starts at once; from any other thread it is posted there.
     if (start)
-      asio::post(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
+      asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
   }
 
   /// Closes the connection (from any thread); the handler's on_close runs once with `reason`.
