@@ -19,6 +19,8 @@
 // a usage error.
 #include <kvstore/local.hpp>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,6 +36,17 @@ namespace {
 using clk = std::chrono::steady_clock;
 
 double secs(clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// CPU seconds (all threads) and context switches of this process so far.
+struct usage {
+  double cpu = 0, csw = 0;
+};
+usage usage_now() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto tv = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return {tv(ru.ru_utime) + tv(ru.ru_stime), double(ru.ru_nvcsw + ru.ru_nivcsw)};
+}
 
 struct stats {
   double med = 0, min = 0, max = 0;
@@ -197,9 +210,10 @@ bool bench_small(bool quick, unsigned threads) {
   // The inline baseline's storage, one value per key as in the store.
   std::vector<std::vector<float>> store(keys, std::vector<float>(elems, 0.f));
 
-  std::vector<double> t_kv, t_inline;
+  std::vector<double> t_kv, t_inline, cpu_kv, csw_kv;
   bool ok = true;
   for (int r = 0; r < reps + 1; ++r) {
+    const usage ua = usage_now();
     auto a = clk::now();
     for (int round = 0; round < rounds; ++round) {
       for (std::size_t k = 0; k < keys; ++k) {
@@ -209,6 +223,7 @@ bool bench_small(bool quick, unsigned threads) {
       kv.wait_all();
     }
     auto b = clk::now();
+    const usage ub = usage_now();
     for (int round = 0; round < rounds; ++round) {
       for (std::size_t k = 0; k < keys; ++k) {
         // What the store's push and pull tasks do: sum of one input (a copy) in, a copy out.
@@ -228,6 +243,8 @@ bool bench_small(bool quick, unsigned threads) {
     }
     t_kv.push_back(secs(a, b));
     t_inline.push_back(secs(b, c));
+    cpu_kv.push_back((ub.cpu - ua.cpu) / ops * 1e6);
+    csw_kv.push_back((ub.csw - ua.csw) / ops);
   }
   auto s = summarize(t_kv), i = summarize(t_inline);
   auto rate = [&](double t) { return ops / t; };
@@ -243,6 +260,10 @@ bool bench_small(bool quick, unsigned threads) {
               "target < 2 us/op: %s\n",
               over_us, (s.min - i.med) / ops * 1e6, (s.max - i.med) / ops * 1e6, i.med / s.med,
               over_us < 2.0 ? "met" : "NOT met");
+  auto cu = summarize(cpu_kv), cs = summarize(csw_kv);
+  std::printf("    store: %.2f us of CPU per op (all threads; inline: %.3f us), %.2f context switches per op\n",
+              cu.med, i.med / ops * 1e6, cs.med);
+  results.push_back({"small_1KiB_store_cpu", cu.med, "us/op", i.med / ops * 1e6, cu.med > 0 ? i.med / ops * 1e6 / cu.med : -1});
   results.push_back({"small_1KiB_push_pull_1000keys", rate(s.med), "ops/s", rate(i.med), i.med / s.med});
   results.push_back({"small_1KiB_engine_overhead", over_us, "us/op", -1, -1});
   return ok;
