@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Tests (ctest names = target names = tests/<name>.cpp) also run under both sanitizers.
 # Add yours here; names whose source does not exist yet are skipped.
-SANITIZER_TESTS=(test_engine test_local_stress test_dist_threads)
+SANITIZER_TESTS=(test_engine test_local_stress test_dist_sync)
 
 source scripts/lib.sh
 bash scripts/setup-deps.sh
