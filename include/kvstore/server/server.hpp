@@ -227,6 +227,36 @@ class server final : public transport::frame_handler {
   }
 
   // ---- frames ---------------------------------------------------------------------------------
+  // Checked before the payload is allocated: a frame may only carry as many bytes as its key's
+  // slice (or its command) can take; anything more closes that connection.
+  std::span<std::byte> payload_sink(transport::connection& c, const wire::header& h) override {
+    if (h.payload_len == 0 || &c == sched_.get()) return {};
+    const std::size_t elem = wire::dtype_size(h.type);
+    auto too_big = [&](std::uint64_t limit) {
+      if (h.payload_len > limit)
+        throw error(errc::protocol, "a " + std::to_string(h.payload_len) + "-byte payload for key " + key_str(h.key) +
+                                        " that takes at most " + std::to_string(limit));
+    };
+    switch (h.command) {
+      case wire::cmd::init:
+        if (!elem || h.total > opts_.max_frame_bytes / elem) throw error(errc::protocol, "init payload without a valid size");
+        too_big(h.total * elem);
+        return {};
+      case wire::cmd::push:
+      case wire::cmd::push_rows: {
+        auto it = slices_.find(h.key);
+        if (it == slices_.end() || it->second.type != h.type) {
+          too_big(0);  // never inited here: no payload is acceptable
+          return {};
+        }
+        too_big(it->second.size() * it->second.elem());
+        return {};
+      }
+      case wire::cmd::load_states: return {};
+      default: too_big(0); return {};
+    }
+  }
+
   void on_frame(transport::connection& c, const wire::header& h, std::string meta,
                 std::span<const std::byte> payload) override {
     if (&c == sched_.get()) return on_scheduler(h, meta);
