@@ -34,6 +34,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,11 +100,35 @@ struct sample {
   std::string name;
   int rep;
   double ops, bytes, secs;
+  double cpu = 0, csw = 0;  // the reporting process's CPU seconds (all threads) and context switches
 };
+
+// CPU time and context switches of this process (all its threads) since the last mark().
+struct rusage_mark {
+  double cpu = 0, csw = 0;
+};
+rusage_mark usage_now() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  auto tv = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return {tv(ru.ru_utime) + tv(ru.ru_stime), double(ru.ru_nvcsw + ru.ru_nivcsw)};
+}
+rusage_mark last_mark;
+clk::time_point mark() {
+  last_mark = usage_now();
+  return clk::now();
+}
+sample with_usage(sample s) {
+  auto u = usage_now();
+  s.cpu = u.cpu - last_mark.cpu;
+  s.csw = u.csw - last_mark.csw;
+  return s;
+}
 
 std::string fmt_sample(const sample& s) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f\n", s.name.c_str(), s.rep, s.ops, s.bytes, s.secs);
+  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f %.6f %.0f\n", s.name.c_str(), s.rep, s.ops, s.bytes, s.secs,
+                s.cpu, s.csw);
   return buf;
 }
 
@@ -252,7 +277,7 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
   const int W = kv.num_workers();
   const int me = kv.rank();
   auto report = [&](const sample& s) {
-    if (s.ops > 0) write_all(out, fmt_sample(s));
+    if (s.ops > 0) write_all(out, fmt_sample(with_usage(s)));
   };
   int errors = 0;
   auto check = [&](const std::vector<float>& got, std::size_t k, const char* what) {
@@ -287,14 +312,14 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
       const int key = static_cast<int>(s);
       const std::string tag = std::to_string(sc.bytes);
       bar.wait();
-      auto a = clk::now();
+      auto a = mark();
       for (int i = 0, e = cfg.n("push_" + tag, sc.push_n); i < e; ++i) kv.push(key, std::span<const float>(vals[s]));
       kv.wait_all();
       auto b = clk::now();
       report({"push_" + tag, rep, double(cfg.n("push_" + tag, sc.push_n)), double(sc.push_n) * double(sc.bytes), secs(a, b)});
       bar.wait();
       std::fill(outs[s].begin(), outs[s].end(), -1.f);
-      a = clk::now();
+      a = mark();
       for (int i = 0, e = cfg.n("pull_" + tag, sc.pull_n); i < e; ++i) kv.pull(key, std::span<float>(outs[s]));
       kv.wait_all();
       b = clk::now();
@@ -304,7 +329,7 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
     // 4 KiB push, waiting for each (sizes[0] is 4 KiB).
     {
       bar.wait();
-      auto a = clk::now();
+      auto a = mark();
       for (int i = 0, e = cfg.n("pushwait_4096", cfg.latency_n); i < e; ++i) kv.push(0, std::span<const float>(vals[0])).wait();
       auto b = clk::now();
       report({"pushwait_4096", rep, double(cfg.n("pushwait_4096", cfg.latency_n)), double(cfg.latency_n) * 4096.0, secs(a, b)});
@@ -313,7 +338,7 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
     // Many keys in flight.
     {
       bar.wait();
-      auto a = clk::now();
+      auto a = mark();
       for (int r = 0, e = cfg.n("many_4096", cfg.many_rounds); r < e; ++r) {
         for (std::size_t k = 0; k < cfg.many_keys; ++k)
           kv.push(static_cast<int>(100 + k), std::span<const float>(mvals[k]));
@@ -562,7 +587,7 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
   for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
   base_client cl(ports, max_bytes);
   auto report = [&](const sample& s) {
-    if (s.ops > 0) write_all(out, fmt_sample(s));
+    if (s.ops > 0) write_all(out, fmt_sample(with_usage(s)));
   };
   for (int rep = 0; rep < cfg.reps; ++rep) {
     for (std::size_t s = 0; s < cfg.sizes.size(); ++s) {
@@ -570,12 +595,12 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
       const auto parts = parts_of(s, sc.bytes, S);
       const std::string tag = std::to_string(sc.bytes);
       bar.wait();
-      auto a = clk::now();
+      auto a = mark();
       for (int i = 0, e = cfg.n("push_" + tag, sc.push_n); i < e; ++i) cl.batch(1, parts, 1);
       auto b = clk::now();
       report({"push_" + tag, rep, double(cfg.n("push_" + tag, sc.push_n)), double(sc.push_n) * double(sc.bytes), secs(a, b)});
       bar.wait();
-      a = clk::now();
+      a = mark();
       for (int i = 0, e = cfg.n("pull_" + tag, sc.pull_n); i < e; ++i) cl.batch(2, parts, 1);
       b = clk::now();
       report({"pull_" + tag, rep, double(cfg.n("pull_" + tag, sc.pull_n)), double(sc.pull_n) * double(sc.bytes), secs(a, b)});
@@ -583,14 +608,14 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
     {
       const auto parts = parts_of(0, 4096, S);
       bar.wait();
-      auto a = clk::now();
+      auto a = mark();
       for (int i = 0, e = cfg.n("pushwait_4096", cfg.latency_n); i < e; ++i) cl.batch(1, parts, 1);
       auto b = clk::now();
       report({"pushwait_4096", rep, double(cfg.n("pushwait_4096", cfg.latency_n)), double(cfg.latency_n) * 4096.0, secs(a, b)});
       // 64-byte ping-pong with the key's server.
       const std::vector<base_client::part> pp{{parts.front().server, 64}};
       bar.wait();
-      a = clk::now();
+      a = mark();
       for (int i = 0, e = cfg.n("pingpong_64", cfg.pingpong64_n); i < e; ++i) cl.batch(3, pp, 1);
       b = clk::now();
       report({"pingpong_64", rep, double(cfg.n("pingpong_64", cfg.pingpong64_n)), double(cfg.pingpong64_n) * 64.0, secs(a, b)});
@@ -603,7 +628,7 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
         parts.insert(parts.end(), p.begin(), p.end());
       }
       bar.wait();
-      auto a = clk::now();
+      auto a = mark();
       for (int r = 0, e = cfg.n("many_4096", cfg.many_rounds); r < e; ++r) cl.batch(1, parts, 1);
       auto b = clk::now();
       const double ops = double(cfg.n("many_4096", cfg.many_rounds)) * double(cfg.many_keys);
@@ -727,7 +752,7 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out, std
         } else if (l.rfind("S ", 0) == 0) {
           std::istringstream is(l.substr(2));
           sample smp;
-          is >> smp.name >> smp.rep >> smp.ops >> smp.bytes >> smp.secs;
+          is >> smp.name >> smp.rep >> smp.ops >> smp.bytes >> smp.secs >> smp.cpu >> smp.csw;
           (m.group == 0 ? kv_out : base_out).push_back(smp);
         } else if (l.rfind("E ", 0) == 0) {
           std::fprintf(stderr, "kv_bench: %s %dx%d: %s\n", m.group == 0 ? "kvstore" : "baseline", W, S, l.c_str() + 2);
@@ -751,6 +776,7 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out, std
 
 struct figure {
   double ops_s = 0, gb_s = 0, lo_ops = 0, hi_ops = 0;
+  double cpu_us_op = 0, csw_op = 0;  // per op, summed over the worker (client) processes
   bool present = false;
 };
 
@@ -760,14 +786,21 @@ figure aggregate(const std::vector<sample>& all, const std::string& name) {
   for (auto& s : all)
     if (s.name == name) by_rep[s.rep].push_back(&s);
   std::vector<std::pair<double, double>> v;  // ops/s, GB/s
+  std::vector<double> cpu, csw;
   for (auto& [rep, ss] : by_rep) {
-    double ops = 0, bytes = 0, t = 0;
+    double ops = 0, bytes = 0, t = 0, c = 0, w = 0;
     for (auto* s : ss) {
       ops += s->ops;
       bytes += s->bytes;
       t = std::max(t, s->secs);
+      c += s->cpu;
+      w += s->csw;
     }
     if (t > 0) v.push_back({ops / t, bytes / t / 1e9});
+    if (ops > 0) {
+      cpu.push_back(c / ops * 1e6);
+      csw.push_back(w / ops);
+    }
   }
   figure f;
   if (v.empty()) return f;
@@ -777,6 +810,10 @@ figure aggregate(const std::vector<sample>& all, const std::string& name) {
   f.gb_s = v[v.size() / 2].second;
   f.lo_ops = v.front().first;
   f.hi_ops = v.back().first;
+  std::sort(cpu.begin(), cpu.end());
+  std::sort(csw.begin(), csw.end());
+  f.cpu_us_op = cpu[cpu.size() / 2];
+  f.csw_op = csw[csw.size() / 2];
   return f;
 }
 
@@ -822,7 +859,9 @@ int main(int argc, char** argv) {
   std::printf("kv_bench%s: KVStore<dist> (dist_sync, float, no optimizer) vs raw Asio TCP on 127.0.0.1;\n"
               "  real processes: scheduler, servers and workers (one process each) forked from here;\n"
               "  baseline: server and client processes, same bytes to the same servers, same pattern.\n"
-              "  median of %d repetitions; GB/s = payload bytes / time (1e9 B/s), summed over workers.\n",
+              "  median of %d repetitions; GB/s = payload bytes / time (1e9 B/s), summed over workers;\n"
+              "  cpu = CPU us per op of the worker (client) processes, all threads; cs = their context\n"
+              "  switches per op (servers not included).\n",
               quick ? " --quick (tiny, targets not judged)" : "", cfg.reps);
   std::fflush(stdout);
 
@@ -845,15 +884,16 @@ int main(int argc, char** argv) {
     const std::string cl = std::to_string(st.W) + "x" + std::to_string(st.S);
     std::printf("\n%d worker%s x %d server%s (workers: %d process%s)\n", st.W, st.W > 1 ? "s" : "", st.S,
                 st.S > 1 ? "s" : "", st.W, st.W > 1 ? "es" : "");
-    std::printf("  %-8s %-24s %12s %9s %12s %9s %7s\n", "size", "pattern", "kvstore op/s", "GB/s", "raw TCP op/s",
-                "GB/s", "ratio");
+    std::printf("  %-8s %-26s %12s %8s %12s %8s %6s | %8s %8s %6s %6s\n", "size", "pattern", "kvstore op/s", "GB/s",
+                "raw TCP op/s", "GB/s", "ratio", "kv cpu", "raw cpu", "kv cs", "raw cs");
     auto row = [&](const std::string& name, const std::string& size, const std::string& pattern,
                    const std::string& base_name) {
       figure k = aggregate(kvs, name), b = aggregate(base, base_name);
       if (!k.present && !b.present) return;
       const double ratio = b.present && b.ops_s > 0 ? k.ops_s / b.ops_s : -1;
-      std::printf("  %-8s %-24s %12.0f %9.3f %12.0f %9.3f %7.3f\n", size.c_str(), pattern.c_str(), k.ops_s, k.gb_s,
-                  b.ops_s, b.gb_s, ratio);
+      std::printf("  %-8s %-26s %12.0f %8.3f %12.0f %8.3f %6.3f | %8.1f %8.1f %6.2f %6.2f\n", size.c_str(),
+                  pattern.c_str(), k.ops_s, k.gb_s, b.ops_s, b.gb_s, ratio, k.cpu_us_op, b.cpu_us_op, k.csw_op,
+                  b.csw_op);
       const bool big = name.rfind("push_", 0) == 0 || name.rfind("pull_", 0) == 0;
       if (big)
         results.push_back({"kv_" + cl + "_" + name + "_GBps", k.gb_s, "GB/s", b.present ? b.gb_s : -1, ratio});
@@ -870,8 +910,9 @@ int main(int argc, char** argv) {
     row("many_4096", "4 KiB", "push " + std::to_string(cfg.many_keys) + " keys, wait_all", "many_4096");
     figure pp = aggregate(base, "pingpong_64");
     if (pp.present) {
-      std::printf("  %-8s %-24s %12s %9s %12.0f %9s (raw 64-byte ping-pong: %.1f us round trip)\n", "64 B",
-                  "ping-pong (reference)", "-", "-", pp.ops_s, "-", 1e6 / pp.ops_s * st.W);
+      std::printf("  %-8s %-26s %12s %8s %12.0f %8s %6s | %8s %8.1f %6s %6.2f  (%.1f us round trip)\n", "64 B",
+                  "raw ping-pong (reference)", "-", "-", pp.ops_s, "-", "-", "-", pp.cpu_us_op, "-", pp.csw_op,
+                  1e6 / pp.ops_s * st.W);
       results.push_back({"raw_" + cl + "_pingpong_64_ops", pp.ops_s, "ops/s", -1, -1});
       target_figs[cl + "pingpong"] = pp;
     }
