@@ -107,6 +107,9 @@ struct dist_options {
   std::size_t chunk_bytes = std::size_t{1} << 20;
   /// A frame whose header announces more than this is refused and its connection closed.
   std::size_t max_frame_bytes = std::size_t{1} << 30;
+  /// The most bytes of one key a server holds (its slice); an init asking for more is refused,
+  /// so one request cannot make a server allocate without bound. KVSTORE_MAX_KEY_BYTES.
+  std::uint64_t max_key_bytes = std::uint64_t{8} << 30;
   /// Engine threads of a worker; 0 = the number of cores.
   unsigned threads = 0;
   /// Barrier with all workers when the store is destroyed.
@@ -130,7 +133,8 @@ struct dist_options {
 
   /// Options from the environment: KVSTORE_ROLE | DMLC_ROLE, KVSTORE_SCHEDULER (host:port) |
   /// DMLC_PS_ROOT_URI + DMLC_PS_ROOT_PORT, KVSTORE_NUM_WORKERS | DMLC_NUM_WORKER,
-  /// KVSTORE_NUM_SERVERS | DMLC_NUM_SERVER, KVSTORE_TYPE, KVSTORE_TOKEN, KVSTORE_RANK.
+  /// KVSTORE_NUM_SERVERS | DMLC_NUM_SERVER, KVSTORE_TYPE, KVSTORE_TOKEN, KVSTORE_RANK,
+  /// KVSTORE_{CONNECT,REQUEST,BARRIER}_TIMEOUT_MS, KVSTORE_HEARTBEAT_MS, KVSTORE_DEAD_TIMEOUT_MS.
   /// Throws kvstore::error naming the variable whose value is malformed.
   static dist_options from_env() {
     dist_options o;
@@ -180,6 +184,13 @@ struct dist_options {
       else if (*v == "fail") on_worker_death = worker_death::fail;
       else throw error(errc::invalid_argument, "KVSTORE_ON_WORKER_DEATH=\"" + *v + "\": expected leave or fail");
     }
+    if (auto v = env("KVSTORE_MAX_KEY_BYTES")) {
+      char* end = nullptr;
+      const auto x = std::strtoull(v->c_str(), &end, 10);
+      if (*end != '\0' || x == 0)
+        throw error(errc::invalid_argument, "KVSTORE_MAX_KEY_BYTES=\"" + *v + "\" is not a positive integer");
+      max_key_bytes = x;
+    }
     if (auto v = env("KVSTORE_CHECKPOINT_DIR")) checkpoint_dir = *v;
     if (auto v = env("KVSTORE_TLS_CERT")) tls_cert = *v;
     if (auto v = env("KVSTORE_TLS_KEY")) tls_key = *v;
@@ -190,6 +201,15 @@ struct dist_options {
       checkpoint_rounds = static_cast<std::uint64_t>(parse_int("KVSTORE_CHECKPOINT_ROUNDS", *v, 0, 1 << 30));
     if (auto v = env("KVSTORE_SERVER_RESTART_WAIT_MS"))
       server_restart_wait = std::chrono::milliseconds(parse_int("KVSTORE_SERVER_RESTART_WAIT_MS", *v, 0, 1 << 30));
+    // Deadlines and liveness in milliseconds (fault tests and slow links tune them per process).
+    auto ms = [](const char* name, std::chrono::milliseconds& field) {
+      if (auto v = env(name)) field = std::chrono::milliseconds(parse_int(name, *v, 1, 1 << 30));
+    };
+    ms("KVSTORE_CONNECT_TIMEOUT_MS", connect_timeout);
+    ms("KVSTORE_REQUEST_TIMEOUT_MS", request_timeout);
+    ms("KVSTORE_BARRIER_TIMEOUT_MS", barrier_timeout);
+    ms("KVSTORE_HEARTBEAT_MS", heartbeat_interval);
+    ms("KVSTORE_DEAD_TIMEOUT_MS", dead_timeout);
     if (auto v = env("KVSTORE_BIND")) bind_host = *v;
     if (auto v = env("KVSTORE_ADVERTISE")) advertise_host = *v;
     if (!role_given) apply_launcher_env();
