@@ -31,6 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.token = fuzz::token;
   o.bind_host = "127.0.0.1";
   o.max_frame_bytes = 1 << 20;
+  o.max_key_bytes = 64 << 20;  // within the fuzzer's memory limit
   o.chunk_bytes = 4096;
   server srv(o);
 

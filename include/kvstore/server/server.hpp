@@ -369,6 +369,10 @@ class server final : public transport::frame_handler {
         hi - lo > std::numeric_limits<std::size_t>::max() / 8)
       throw error(errc::invalid_argument, "key " + key_str(h.key) + ": bad slice [" + std::to_string(lo) +
                                               ", " + std::to_string(hi) + ") of " + std::to_string(h.total));
+    if ((hi - lo) > opts_.max_key_bytes / wire::dtype_size(h.type))
+      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": a slice of " + std::to_string(hi - lo) +
+                                              " elements is more than this server's max_key_bytes (" +
+                                              std::to_string(opts_.max_key_bytes) + ")");
     auto [it, fresh] = slices_.try_emplace(h.key);
     slice& s = it->second;
     if (fresh) {
