@@ -152,7 +152,14 @@ struct dist_options {
   ///     else 127.0.0.1:9091, unless KVSTORE_SCHEDULER / DMLC_PS_ROOT_* say otherwise.
   void apply_env() {
     const bool role_given = env("KVSTORE_ROLE", "DMLC_ROLE").has_value();
-    if (auto v = env("KVSTORE_ROLE", "DMLC_ROLE")) role = parse_role(*v);
+    if (auto v = env("KVSTORE_ROLE", "DMLC_ROLE")) {
+      const char* name = get("KVSTORE_ROLE") ? "KVSTORE_ROLE" : "DMLC_ROLE";
+      try {
+        role = parse_role(*v);
+      } catch (const error& e) {
+        throw error(errc::invalid_argument, std::string(name) + ": " + e.what());
+      }
+    }
     if (auto v = env("KVSTORE_SCHEDULER")) {
       auto colon = v->rfind(':');
       if (colon == std::string::npos || colon == 0)
@@ -165,9 +172,11 @@ struct dist_options {
       if (auto p = env("DMLC_PS_ROOT_PORT")) scheduler_port = parse_port("DMLC_PS_ROOT_PORT", *p);
     }
     if (auto v = env("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER"))
-      num_workers = parse_int("KVSTORE_NUM_WORKERS", *v, 1, 1 << 16);
+      num_workers = parse_int(get("KVSTORE_NUM_WORKERS") ? "KVSTORE_NUM_WORKERS" : "DMLC_NUM_WORKER",
+                              *v, 1, 1 << 16);
     if (auto v = env("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER"))
-      num_servers = parse_int("KVSTORE_NUM_SERVERS", *v, 1, 1 << 16);
+      num_servers = parse_int(get("KVSTORE_NUM_SERVERS") ? "KVSTORE_NUM_SERVERS" : "DMLC_NUM_SERVER",
+                              *v, 1, 1 << 16);
     if (auto v = env("KVSTORE_TYPE")) {
       if (*v == "dist_sync" || *v == "dist")
         sync = true;
@@ -248,7 +257,8 @@ struct dist_options {
     const int workers = l.size - 1 - num_servers;
     if (env("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER") && num_workers != workers)
       throw error(errc::invalid_argument,
-                  "KVSTORE_NUM_WORKERS=" + std::to_string(num_workers) + " but " + l.source +
+                  std::string(get("KVSTORE_NUM_WORKERS") ? "KVSTORE_NUM_WORKERS" : "DMLC_NUM_WORKER") +
+                      "=" + std::to_string(num_workers) + " but " + l.source +
                       " gives " + std::to_string(l.size) + " processes = 1 scheduler + " +
                       std::to_string(num_servers) + " servers + " + std::to_string(workers) +
                       " workers");
@@ -267,17 +277,34 @@ struct dist_options {
         scheduler_host = *a;
         if (auto p = env("MASTER_PORT")) scheduler_port = parse_port("MASTER_PORT", *p);
       } else if (auto nl = env("SLURM_JOB_NODELIST", "SLURM_NODELIST")) {
-        scheduler_host = first_host(*nl);
+        scheduler_host = first_host(get("SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST", *nl);
       }
     }
   }
 
-  /// The first host of a Slurm node list: "a,b" -> a; "node[03-05,7]" -> node03.
-  static std::string first_host(const std::string& list) {
-    auto end = list.find_first_of(",[");
-    if (end == std::string::npos || list[end] == ',') return list.substr(0, end);
-    auto stop = list.find_first_of(",-]", end + 1);
-    return list.substr(0, end) + list.substr(end + 1, stop - end - 1);
+  /// The first host of a Slurm node list: "a,b" -> a; "node[03-05,7]" -> node03;
+  /// "rack[2-3]-n[01-04]" -> rack2-n01. Throws kvstore::error naming `var` when malformed.
+  static std::string first_host(const char* var, const std::string& list) {
+    auto bad = [&](const char* why) {
+      return error(errc::invalid_argument, std::string(var) + "=\"" + list + "\": " + why);
+    };
+    std::string host;
+    std::size_t i = 0;
+    while (i < list.size() && list[i] != ',') {
+      if (list[i] == ']') throw bad("a ']' without '['");
+      if (list[i] != '[') {
+        host += list[i++];
+        continue;
+      }
+      const auto close = list.find(']', i);
+      if (close == std::string::npos) throw bad("a '[' without ']'");
+      const auto first = list.substr(i + 1, list.find_first_of(",-]", i + 1) - i - 1);
+      if (first.empty()) throw bad("an empty range");
+      host += first;
+      i = close + 1;
+    }
+    if (host.empty()) throw bad("no first host");
+    return host;
   }
 
  public:
