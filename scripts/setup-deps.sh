@@ -10,6 +10,7 @@ APT_PACKAGES=(
   doctest-dev libbenchmark-dev libssl-dev                 # tests, benchmarks, TLS/HMAC
   openmpi-bin libopenmpi-dev                              # launching under mpirun
   dataset-fashion-mnist zlib1g-dev                        # the demo's data (.gz) and its reader
+  iproute2 nftables                                       # test_faults: namespaces, tc, lossy links
 )
 
 as_root() {
