@@ -73,6 +73,14 @@ struct local_impl {
   std::uint64_t generation = 0;
   engine eng;  ///< last: destroyed first, after it has waited for every op
 
+  /// Small values are copied or summed on the caller's thread when a pool thread is idle: a
+  /// hand-off would cost more than the work.
+  /// Not with a user callable as the optimizer: it may take any time, or block, and a push must
+  /// return at once.
+  bool run_inline(std::size_t elements, const local_optimizer<T>* opt = nullptr) const noexcept {
+    return elements < opts.parallel_reduce_min && (!opt || !opt->u.name.empty());
+  }
+
   // dst = sum of srcs, over the pool for large values.
   void sum(std::span<T> dst, std::span<const std::span<const T>> srcs) {
     reduce::sum_into<T>(eng, dst, srcs, opts.parallel_reduce_min);
@@ -254,7 +262,7 @@ class KVStore<local, T> {
           push_task(*impl, *ep, srcs, opt.get());
           impl->copy(out, ep->value);
         },
-        st);
+        st, impl_->run_inline(e.size, opt.get()));
     return op(std::move(st));
   }
 
@@ -278,7 +286,7 @@ class KVStore<local, T> {
           std::lock_guard lk(ep->m);
           push_rows_task(*ep, rows, values, opt.get());
         },
-        st);
+        st, impl_->run_inline(e.size, opt.get()));
     return op(std::move(st));
   }
 
@@ -297,7 +305,7 @@ class KVStore<local, T> {
             std::copy_n(ep->value.data() + static_cast<std::size_t>(rows[i]) * rl, rl,
                         out.data() + i * rl);
         },
-        st);
+        st, impl_->run_inline(e.size));
     return op(std::move(st));
   }
 
@@ -519,7 +527,7 @@ class KVStore<local, T> {
             std::lock_guard lk(ep->m);
             push_task(*impl, *ep, srcs, opt.get());
           },
-          st);
+          st, impl_->run_inline(g.e->size, opt.get()));
     }
     return op(std::move(st));
   }
@@ -537,7 +545,7 @@ class KVStore<local, T> {
             std::lock_guard lk(ep->m);
             for (auto o : outs) impl->copy(o, ep->value);
           },
-          st);
+          st, impl_->run_inline(g.e->size));
     }
     return op(std::move(st));
   }

@@ -47,8 +47,9 @@ class engine {
   unsigned size() const noexcept { return static_cast<unsigned>(threads_.size()); }
 
   /// Queues `task` behind every earlier op on `key`; `part` is completed with the task's result.
-  /// With `may_run_inline`, a task whose key is idle while no other op waits for a thread runs at
-  /// once on the calling thread (no hand-off): for short tasks that only queue network frames.
+  /// With `may_run_inline`, a task whose key is idle, while no other op waits for a thread and a
+  /// pool thread is idle (so it would start at once anyway), runs on the calling thread: no
+  /// hand-off, no wake-up. For short tasks (small copies, queuing network frames).
   void submit(std::uint64_t key, int priority, task_fn task, std::shared_ptr<op_state> part,
               bool may_run_inline = false) {
     std::unique_lock lk(m_);
@@ -61,7 +62,7 @@ class engine {
       return;
     }
     q.busy = true;
-    if (may_run_inline && ready_.empty()) {
+    if (may_run_inline && ready_.empty() && idle_ > 0) {
       lk.unlock();
       execute(std::move(it));
       return;
@@ -73,14 +74,14 @@ class engine {
 
   /// Convenience: a synchronous task.
   void submit_sync(std::uint64_t key, int priority, std::function<void()> f,
-                   std::shared_ptr<op_state> part) {
+                   std::shared_ptr<op_state> part, bool may_run_inline = false) {
     submit(
         key, priority,
         [f = std::move(f)](const done_fn& done) {
           f();
           done(nullptr);
         },
-        std::move(part));
+        std::move(part), may_run_inline);
   }
 
   /// Every op issued on `key` before this call is done.
@@ -172,7 +173,9 @@ class engine {
   void run() {
     std::unique_lock lk(m_);
     for (;;) {
+      ++idle_;
       cv_.wait(lk, [&] { return stop_ || !ready_.empty() || !helpers_.empty(); });
+      --idle_;
       if (!helpers_.empty()) {
         auto job = std::move(helpers_.back());
         helpers_.pop_back();
@@ -244,6 +247,7 @@ class engine {
   std::vector<std::shared_ptr<pjob>> helpers_;
   std::uint64_t seq_ = 0;
   std::size_t in_flight_ = 0;
+  unsigned idle_ = 0;  // pool threads waiting for work
   std::size_t key_waiters_ = 0;  // threads in wait_key
   bool stop_ = false;
   std::vector<std::thread> threads_;
