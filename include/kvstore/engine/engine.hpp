@@ -110,8 +110,11 @@ class engine {
   template <class F>
   void parallel_for(std::size_t n, std::size_t grain, F&& f) {
     if (n == 0) return;
-    const std::size_t workers = size() + 1;
-    std::size_t chunks = std::min<std::size_t>(workers, (n + grain - 1) / std::max<std::size_t>(grain, 1));
+    // Several chunks per pool thread, claimed as threads come free: the split stays even when
+    // the caller is one of the pool's threads (then one chunk per thread would leave a spare
+    // chunk to one of them) or when another thread is slow to wake.
+    const std::size_t want = 4 * std::max(1u, size());
+    std::size_t chunks = std::min<std::size_t>(want, (n + grain - 1) / std::max<std::size_t>(grain, 1));
     if (chunks <= 1) {
       f(std::size_t{0}, n);
       return;
