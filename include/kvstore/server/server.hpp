@@ -250,11 +250,32 @@ class server final : public transport::frame_handler {
           return {};
         }
         too_big(it->second.size() * it->second.elem());
+        if (h.command == wire::cmd::push) return direct_sink(c, h, it->second);
         return {};
       }
       case wire::cmd::load_states: return {};
       default: too_big(0); return {};
     }
+  }
+
+  // A sync push from the only worker still in the group, into a part of the round not written
+  // yet, is read straight into the round's merge buffer: no staging buffer, no copy (contribute
+  // sees the data already in place). With several workers their frames could interleave with a
+  // read in progress, so they are staged.
+  std::span<std::byte> direct_sink(transport::connection& c, const wire::header& h, slice& s) {
+    if (!opts_.sync || !s.inited || h.total != s.total || h.offset < s.lo || h.payload_len % s.elem()) return {};
+    const std::uint64_t rel = h.offset - s.lo, n = h.payload_len / s.elem();
+    if (n > s.size() - rel || active_workers() != 1 || s.duplicate(c.peer_rank, h.aux) ||
+        s.round_done.count(c.peer_rank) || !s.cov.disjoint(rel, rel + n))
+      return {};
+    if (s.merge.size() != s.size() * s.elem()) s.merge.resize(s.size() * s.elem());
+    return {s.merge.data() + rel * s.elem(), static_cast<std::size_t>(h.payload_len)};
+  }
+
+  int active_workers() const {
+    int n = 0;
+    for (int r = 0; r < opts_.num_workers; ++r) n += !left_.count(r);
+    return n;
   }
 
   void on_frame(transport::connection& c, const wire::header& h, std::string meta,
@@ -425,7 +446,10 @@ class server final : public transport::frame_handler {
   static void contribute(slice& s, std::uint64_t rel, const T* src, std::uint64_t n) {
     T* m = reinterpret_cast<T*>(s.merge.data());
     s.cov.contribute(
-        rel, rel + n, [&](std::uint64_t b, std::uint64_t e) { std::memcpy(m + b, src + (b - rel), (e - b) * sizeof(T)); },
+        rel, rel + n,
+        [&](std::uint64_t b, std::uint64_t e) {
+          if (m + b != src + (b - rel)) std::memcpy(m + b, src + (b - rel), (e - b) * sizeof(T));  // else read in place
+        },
         [&](std::uint64_t b, std::uint64_t e) {
           T* __restrict d = m + b;
           const T* __restrict a = src + (b - rel);

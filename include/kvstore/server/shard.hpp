@@ -67,6 +67,12 @@ class coverage {
     }
     ranges_[na] = nb;
   }
+  /// True when no written range overlaps [a, b).
+  bool disjoint(std::uint64_t a, std::uint64_t b) const {
+    auto it = ranges_.upper_bound(a);
+    if (it != ranges_.begin() && std::prev(it)->second > a) return false;
+    return it == ranges_.end() || it->first >= b;
+  }
   const std::map<std::uint64_t, std::uint64_t>& ranges() const noexcept { return ranges_; }
   void clear() noexcept { ranges_.clear(); }
   bool empty() const noexcept { return ranges_.empty(); }
