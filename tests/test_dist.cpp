@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "dist_cluster.hpp"
+#include "test_helpers.hpp"
 
 #include <array>
 #include <atomic>
@@ -20,29 +21,9 @@ namespace {
 using kvstore::dist;
 using kvstore::errc;
 using kvstore::KVStore;
-
-template <class T = float>
-std::vector<T> filled(std::size_t n, T v) {
-  return std::vector<T>(n, v);
-}
-template <class T = float>
-std::vector<T> iota(std::size_t n, T start, T step = 1) {
-  std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = start + step * static_cast<T>(i);
-  return v;
-}
-
-// Runs f, which must throw kvstore::error with `code` and a message containing every part.
-template <class F>
-void expect_error(F&& f, errc code, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    FAIL("no exception; expected one containing " << *parts.begin());
-  } catch (const kvstore::error& e) {
-    CHECK_MESSAGE(e.code() == make_error_code(code), e.what());
-    for (auto& p : parts) CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
-  }
-}
+using kvtest::filled;
+using kvtest::iota;
+using kvtest::expect_error;
 
 }  // namespace
 

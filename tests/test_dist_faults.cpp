@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "dist_cluster.hpp"
+#include "test_helpers.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -36,23 +37,9 @@ namespace {
 using kvstore::dist;
 using kvstore::errc;
 using kvstore::KVStore;
+using kvtest::filled;
+using kvtest::expect_error;
 using clk = std::chrono::steady_clock;
-
-template <class T = float>
-std::vector<T> filled(std::size_t n, T v) {
-  return std::vector<T>(n, v);
-}
-
-template <class F>
-void expect_error(F&& f, errc code, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    FAIL("no exception; expected one containing " << *parts.begin());
-  } catch (const kvstore::error& e) {
-    CHECK_MESSAGE(e.code() == make_error_code(code), e.what());
-    for (auto& p : parts) CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
-  }
-}
 
 double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
 
