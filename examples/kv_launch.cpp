@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -236,28 +237,36 @@ std::string find_server(const options& opt) {
   return "kv_server";  // searched on PATH by posix_spawnp
 }
 
-// Binds port 0 on loopback and reads back what the kernel chose. The port is free again once
-// we close it; another process could take it before the scheduler binds, but the window is tiny.
+// A port on loopback that binds now, chosen at random BELOW the kernel's ephemeral range
+// (/proc/sys/net/ipv4/ip_local_port_range, usually from 32768): a port the kernel hands out
+// (bind to port 0) may become the local port of some outgoing connection before the scheduler
+// binds it, which happened under parallel tests. Falls back to the kernel's choice.
 std::optional<int> pick_free_port(std::string& error) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    error = "socket: " + errno_text(errno);
-    return std::nullopt;
-  }
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  std::optional<int> port;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    error = "bind 127.0.0.1:0: " + errno_text(errno);
-  else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
-    error = "getsockname: " + errno_text(errno);
-  else
-    port = ntohs(addr.sin_port);
-  ::close(fd);
-  return port;
+  auto try_bind = [&](int want) -> std::optional<int> {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      error = "socket: " + errno_text(errno);
+      return std::nullopt;
+    }
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(static_cast<std::uint16_t>(want));
+    socklen_t len = sizeof addr;
+    std::optional<int> port;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
+      error = "bind 127.0.0.1:" + std::to_string(want) + ": " + errno_text(errno);
+    else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0)
+      error = "getsockname: " + errno_text(errno);
+    else
+      port = ntohs(addr.sin_port);
+    ::close(fd);
+    return port;
+  };
+  std::mt19937 rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(::time(nullptr)));
+  for (int i = 0; i < 64; ++i)
+    if (auto p = try_bind(20000 + static_cast<int>(rng() % 12000))) return p;
+  return try_bind(0);
 }
 
 // ---------------------------------------------------------------------------------------------

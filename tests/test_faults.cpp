@@ -146,18 +146,22 @@ proc spawn(const std::string& name, std::vector<std::string> argv, std::vector<s
   return p;
 }
 
-// A free TCP port on 127.0.0.1 (for a scheduler process, which needs its port up front).
+// A free TCP port on 127.0.0.1 (for a scheduler process, which needs its port up front), picked
+// below the kernel's ephemeral range so no outgoing connection takes it before the bind.
 std::uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t n = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  static std::mt19937 rng(static_cast<unsigned>(::getpid()));
+  for (int i = 0; i < 64; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(20000 + rng() % 12000));
+    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    ::close(fd);
+    if (ok) return ntohs(a.sin_port);
+  }
+  FAIL("no free port");
+  return 0;
 }
 
 template <class P>

@@ -44,11 +44,18 @@ fail() {
   exit 1
 }
 
-# A free TCP port on 127.0.0.1: bind port 0 and read back the kernel's choice (python3), else
-# probe random high ports until one refuses a connection.
+# A free TCP port on 127.0.0.1, picked at random below the kernel's ephemeral range (from 32768):
+# a port the kernel hands out for port 0 can become some outgoing connection's local port before
+# the scheduler binds it (seen under parallel ctest). Else probe random ports.
 free_port() {
   local p
-  if p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null) &&
+  if p=$(python3 -c 'import random, socket
+for _ in range(64):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randrange(20000, 32000))); print(s.getsockname()[1]); break
+    except OSError:
+        s.close()' 2>/dev/null) &&
     [[ $p =~ ^[0-9]+$ ]]; then
     echo "$p"
     return
