@@ -246,7 +246,10 @@ class scheduler final : public transport::frame_handler {
         if (n.r == r) n.id = r == role::server ? detail::server_id(n.rank) : detail::worker_id(n.rank);
     }
     const std::string book = address_book();
-    for (auto& n : nodes_) send_book(n, book, reg_req_[n.conn.get()]);
+    // Servers first: a worker connects to them as soon as it has the book.
+    for (role r : {role::server, role::worker})
+      for (auto& n : nodes_)
+        if (n.r == r) send_book(n, book, reg_req_[n.conn.get()]);
     detail::log_info("scheduler", "job gathered: " + std::to_string(opts_.num_servers) + " servers, " +
                                       std::to_string(opts_.num_workers) + " workers");
   }

@@ -58,6 +58,13 @@ class server final : public transport::frame_handler {
   /// the scheduler cannot be reached or is lost before the job ends.
   void run() {
     restore();
+    // The scheduler honours a valid rank hint; take it now, so a worker's frame that overtakes the
+    // address book (separate connections, one io thread) already sees this server's identity.
+    if (opts_.rank_hint >= 0 && opts_.rank_hint < opts_.num_servers) {
+      rank_ = opts_.rank_hint;
+      id_ = detail::server_id(rank_);
+      who_ = "server " + std::to_string(rank_);
+    }
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
                                               opts_.connect_timeout, "the scheduler");
     sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits(), opts_.security(false));
