@@ -37,10 +37,11 @@ TEST_CASE("higher priority runs first, ties in issue order" * doctest::timeout(3
   std::vector<int> order;
   std::mutex m;
   // Block the single thread so the others queue up.
-  std::promise<void> gate;
+  std::promise<void> gate, parked;
   auto gf = gate.get_future().share();
   auto st = std::make_shared<op_state>(7);
-  e.submit_sync(1000, 0, [gf] { gf.wait(); }, st);
+  e.submit_sync(1000, 0, [gf, &parked] { parked.set_value(); gf.wait(); }, st);
+  parked.get_future().wait();  // the only thread is inside the blocker: the rest must queue
   const int prio[] = {0, 5, 1, 5, 9, 1};
   for (int i = 0; i < 6; ++i)
     e.submit_sync(static_cast<std::uint64_t>(i), prio[i], [&, i] {

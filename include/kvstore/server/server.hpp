@@ -272,7 +272,7 @@ class server final : public transport::frame_handler {
   std::span<std::byte> direct_sink(transport::connection& c, const wire::header& h, slice& s) {
     if (!opts_.sync || !s.inited || h.total != s.total || h.offset < s.lo || h.payload_len % s.elem()) return {};
     const std::uint64_t rel = h.offset - s.lo, n = h.payload_len / s.elem();
-    if (n > s.size() - rel || active_workers() != 1 || s.duplicate(c.peer_rank, h.aux) ||
+    if (rel > s.size() || n > s.size() - rel || active_workers() != 1 || s.duplicate(c.peer_rank, h.aux) ||
         s.round_done.count(c.peer_rank) || !s.cov.disjoint(rel, rel + n))
       return {};
     if (s.merge.size() != s.size() * s.elem()) s.merge.resize(s.size() * s.elem());
