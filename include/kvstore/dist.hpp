@@ -162,13 +162,7 @@ class KVStore<dist, T> {
     if (ks.size() != values.size())
       throw error(errc::invalid_argument, "kvstore: push of " + std::to_string(ks.size()) +
                                               " keys with " + std::to_string(values.size()) + " values");
-    std::vector<std::pair<detail::dist_key, std::vector<std::span<const T>>>> groups;
-    for (std::size_t i = 0; i < ks.size(); ++i) {
-      auto m = find("push", ks[i], values[i].size());
-      auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first.k.id() == m.k.id(); });
-      if (it == groups.end()) groups.push_back({m, {values[i]}});
-      else it->second.push_back(values[i]);
-    }
+    auto groups = group_by_key("push", ks, values);
     auto st = std::make_shared<detail::op_state>(groups.size());
     for (auto& [m, srcs] : groups) submit_summed(m, std::move(srcs), priority, st);
     return op(st);
@@ -190,13 +184,7 @@ class KVStore<dist, T> {
     if (ks.size() != outs.size())
       throw error(errc::invalid_argument, "kvstore: pull of " + std::to_string(ks.size()) +
                                               " keys into " + std::to_string(outs.size()) + " outputs");
-    std::vector<std::pair<detail::dist_key, std::vector<std::span<T>>>> groups;
-    for (std::size_t i = 0; i < ks.size(); ++i) {
-      auto m = find("pull", ks[i], outs[i].size());
-      auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first.k.id() == m.k.id(); });
-      if (it == groups.end()) groups.push_back({m, {outs[i]}});
-      else it->second.push_back(outs[i]);
-    }
+    auto groups = group_by_key("pull", ks, outs);
     auto st = std::make_shared<detail::op_state>(groups.size());
     for (auto& [m, o] : groups)
       submit(m, priority, [this, m = m, o = o, priority](auto done) { send_pull(m, o, priority, done); }, st);
@@ -451,6 +439,22 @@ class KVStore<dist, T> {
 
   [[noreturn]] static void fail(errc c, std::string_view call, const key& k, const std::string& problem) {
     throw error(c, "kvstore: " + std::string(call) + " of key " + k.str() + ": " + problem);
+  }
+
+  // The buffers of a multi-key call grouped by key, in first-appearance order: a key named twice
+  // gets both buffers in one group (summed for a push, each filled for a pull).
+  template <class Span>
+  std::vector<std::pair<detail::dist_key, std::vector<Span>>> group_by_key(std::string_view call,
+                                                                          std::span<const key> ks,
+                                                                          std::span<const Span> bufs) {
+    std::vector<std::pair<detail::dist_key, std::vector<Span>>> groups;
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      auto m = find(call, ks[i], bufs[i].size());
+      auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first.k.id() == m.k.id(); });
+      if (it == groups.end()) groups.push_back({m, {bufs[i]}});
+      else it->second.push_back(bufs[i]);
+    }
+    return groups;
   }
 
   std::unordered_map<std::uint64_t, detail::dist_key> snapshot_keys() {
