@@ -77,6 +77,7 @@ class worker_client final : public transport::frame_handler {
     std::shared_ptr<transport::connection> c;
     std::string down;
     std::uint64_t id;
+    bool alone = false;  // nothing else in flight to this server: write from this thread
     for (auto& f : frames) f.h.sender = id_;
     {
       std::lock_guard lk(m_);
@@ -94,6 +95,7 @@ class worker_client final : public transport::frame_handler {
         // Held for a re-send while a lost server may come back (and while it is away).
         if (to_server && opts_.server_restart_wait.count() > 0) r.frames = frames;
         pending_.emplace(id, std::move(r));
+        if (to_server) alone = servers_[static_cast<std::size_t>(peer)].in_flight++ == 0 && frames.size() == 1;
         if (waiting) return;  // sent when the server is back
       }
     }
@@ -101,7 +103,7 @@ class worker_client final : public transport::frame_handler {
       r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + down)));
       return;
     }
-    for (auto& f : frames) c->send(std::move(f));
+    for (auto& f : frames) c->send(std::move(f), alone);
   }
 
   /// Sends and waits (for blocking calls: init, barrier, commands). Throws the request's error.
@@ -155,6 +157,7 @@ class worker_client final : public transport::frame_handler {
     std::uint16_t port = 0;
     std::shared_ptr<transport::connection> conn;
     std::string down;  // non-empty once lost for good: why
+    std::size_t in_flight = 0;  // requests in pending_ for this server
     bool waiting = false;  // lost, waiting up to server_restart_wait for it to come back
     clock::time_point lost_at{};
     std::string lost_why;
@@ -254,7 +257,7 @@ class worker_client final : public transport::frame_handler {
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.deadline <= now) {
           expired.push_back(std::move(it->second));
-          it = pending_.erase(it);
+          it = erase_pending(it);
         } else {
           ++it;
         }
@@ -319,7 +322,7 @@ class worker_client final : public transport::frame_handler {
           if (!direct && !on_data && r.out) {
             // The sink refused this frame: it does not fit the caller's buffer.
             auto bad = std::move(r);
-            pending_.erase(it);
+            erase_pending(it);
             bad.done(std::make_exception_ptr(error(errc::protocol, bad.what + ": answer does not fit the output")));
             return;
           }
@@ -340,8 +343,17 @@ class worker_client final : public transport::frame_handler {
     auto it = pending_.find(id);
     if (it == pending_.end()) return std::nullopt;
     request r = std::move(it->second);
-    pending_.erase(it);
+    erase_pending(it);
     return r;
+  }
+
+  // Removes a request from pending_ (m_ held), keeping its server's in-flight count.
+  std::unordered_map<std::uint64_t, request>::iterator erase_pending(
+      std::unordered_map<std::uint64_t, request>::iterator it) {
+    const int peer = it->second.peer;
+    if (peer >= 0 && static_cast<std::size_t>(peer) < servers_.size() && servers_[static_cast<std::size_t>(peer)].in_flight)
+      --servers_[static_cast<std::size_t>(peer)].in_flight;
+    return pending_.erase(it);
   }
 
   void on_address_book(const wire::header& h, const std::string& meta) {
@@ -432,7 +444,7 @@ class worker_client final : public transport::frame_handler {
       for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.peer == peer) {
           failed.push_back(std::move(it->second));
-          it = pending_.erase(it);
+          it = erase_pending(it);
         } else {
           ++it;
         }

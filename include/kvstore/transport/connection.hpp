@@ -14,6 +14,11 @@
 
 #include <boost/asio.hpp>
 
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -91,17 +96,33 @@ class connection : public std::enable_shared_from_this<connection> {
   bool authenticated() const noexcept { return authed_.load(); }
 
   /// Queues a frame; thread-safe. Frames of equal priority go out in the order queued.
-  void send(out_frame f) {
+  /// With `may_write_now`, a frame sent while nothing else is queued or being written goes to
+  /// the socket at once from the calling thread (one non-blocking sendmsg, no hand-off to the io
+  /// thread); what the socket does not take at once is finished by the io thread. Callers pass
+  /// it for latency-bound sends (nothing else in flight), not for bursts, which the io thread
+  /// gathers into fewer, larger writes.
+  void send(out_frame f, bool may_write_now = false) {
     f.h.payload_len = f.payload_len;
     f.h.meta_len = static_cast<std::uint32_t>(f.meta.size());
     bool start = false;
     {
       std::lock_guard lk(qm_);
       if (closed_) return;
-      queue_.push(queued{std::move(f), seq_++});
-      if (!writing_ && authed_) {
+      // authed_ is stored after tls_ is set, so tls_ is safe to read once authed_ is seen true.
+      if (may_write_now && !writing_ && queue_.empty() && authed_.load() && !tls_) {
+        const std::size_t sent = write_now(f);
+        if (sent == wire::header_size + f.meta.size() + f.payload_len) return;
+        // The rest goes first, from the io thread.
+        partial_.push_back(std::move(f));
+        partial_skip_ = sent;
         writing_ = true;
         start = true;
+      } else {
+        queue_.push(queued{std::move(f), seq_++});
+        if (!writing_ && authed_) {
+          writing_ = true;
+          start = true;
+        }
       }
     }
     // On the connection's own io thread (a server answering inside its frame handler) the write
@@ -374,18 +395,46 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   // ---- writing ------------------------------------------------------------------------------
+  // One non-blocking sendmsg of a whole frame from the calling thread (qm_ held, so no io-thread
+  // write interleaves). Returns the bytes the socket took; 0 on EAGAIN or an error, which the io
+  // thread's write of the rest then meets and reports.
+  std::size_t write_now(const out_frame& f) {
+    const auto hdr = wire::encode(f.h);
+    iovec iov[3];
+    int n = 0;
+    auto add = [&](const void* p, std::size_t len) { iov[n++] = {const_cast<void*>(p), len}; };
+    add(hdr.data(), hdr.size());
+    if (!f.meta.empty()) add(f.meta.data(), f.meta.size());
+    if (f.payload_len) add(f.payload, f.payload_len);
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(n);
+    for (;;) {
+      const ssize_t r = ::sendmsg(sock_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (r >= 0) return static_cast<std::size_t>(r);
+      if (errno != EINTR) return 0;
+    }
+  }
+
   void write_more() {
     std::vector<asio::const_buffer> bufs;
+    std::size_t skip = 0;
     {
       std::lock_guard lk(qm_);
-      if (closed_ || queue_.empty()) {
+      if (closed_ || (queue_.empty() && partial_.empty())) {
         writing_ = false;
         return;
+      }
+      inflight_.clear();
+      if (!partial_.empty()) {
+        // A frame the caller's thread began (write_now): its rest goes before anything else.
+        inflight_.swap(partial_);
+        skip = partial_skip_;
+        partial_skip_ = 0;
       }
       // Gather frames, highest priority first, up to about gather_bytes_: a later
       // higher-priority frame waits for at most this much.
       std::size_t bytes = 0;
-      inflight_.clear();
       while (!queue_.empty() && inflight_.size() < 64 && (inflight_.empty() || bytes < gather_bytes_)) {
         inflight_.push_back(std::move(const_cast<queued&>(queue_.top()).f));
         queue_.pop();
@@ -400,6 +449,13 @@ class connection : public std::enable_shared_from_this<connection> {
       if (!f.meta.empty()) bufs.emplace_back(f.meta.data(), f.meta.size());
       if (f.payload_len) bufs.emplace_back(f.payload, f.payload_len);
     }
+    if (skip) {
+      // Drop the bytes write_now already sent.
+      std::size_t i = 0;
+      while (i < bufs.size() && skip >= bufs[i].size()) skip -= bufs[i++].size();
+      bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
+      if (!bufs.empty()) bufs.front() += skip;
+    }
     io([&](auto& st) { asio::async_write(st, bufs, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
       self->inflight_.clear();
       if (ec) return self->fail("write: " + ec.message());
@@ -413,6 +469,7 @@ class connection : public std::enable_shared_from_this<connection> {
       std::lock_guard lk(qm_);
       closed_ = true;
       while (!queue_.empty()) queue_.pop();
+      partial_.clear();
     }
     boost::system::error_code ec;
     timer_.cancel();
@@ -454,6 +511,8 @@ class connection : public std::enable_shared_from_this<connection> {
   bool closed_ = false;
   std::atomic<bool> closed_flag_{false};
   std::vector<out_frame> inflight_;
+  std::vector<out_frame> partial_;  // a frame the caller's thread sent in part (write_now)
+  std::size_t partial_skip_ = 0;    // how much of it went
   std::vector<wire::header_bytes> hdrs_;
 };
 
