@@ -73,7 +73,17 @@ struct config {
   std::size_t many_keys = 1000;
   int many_rounds = 10;       // push-all-then-wait_all rounds per repetition
   std::string only;           // --only: run only measurements whose name contains this
-  bool want(const std::string& name) const { return only.empty() || name.find(only) != std::string::npos; }
+  // `only` is a comma-separated list of name parts.
+  bool want(const std::string& name) const {
+    if (only.empty()) return true;
+    for (std::size_t b = 0; b <= only.size();) {
+      std::size_t e = only.find(',', b);
+      if (e == std::string::npos) e = only.size();
+      if (e > b && name.find(only.substr(b, e - b)) != std::string::npos) return true;
+      b = e + 1;
+    }
+    return false;
+  }
   // The op count of measurement `name`, 0 when filtered out.
   int n(const std::string& name, int count) const { return want(name) ? count : 0; }
 };
@@ -267,6 +277,8 @@ kvstore::dist_options cluster_options(int workers, int servers) {
   o.request_timeout = std::chrono::milliseconds(60'000);
   o.barrier_timeout = std::chrono::milliseconds(60'000);
   o.dead_timeout = std::chrono::milliseconds(30'000);
+  // KVSTORE_WAIT_SPIN_US=0 measures waits that sleep at once (see dist_options::wait_spin).
+  if (const char* v = std::getenv("KVSTORE_WAIT_SPIN_US")) o.wait_spin = std::chrono::microseconds(std::atoi(v));
   return o;
 }
 
@@ -847,7 +859,7 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr,
-                   "usage: kv_bench [--quick] [--json FILE]   (for profiling: [--only NAME_PART]\n"
+                   "usage: kv_bench [--quick] [--json FILE]   (for profiling: [--only NAME_PART[,NAME_PART...]]\n"
                    "       [--setup 1x1|2x2|1x1,2x2] [--side both|kv|raw] [--reps N])\n");
       return 2;
     }

@@ -187,6 +187,41 @@ TEST_CASE("ops on one key take effect in issue order whatever their priorities" 
   });
 }
 
+TEST_CASE("a frame the caller's thread writes only in part is finished by the io thread, in order" *
+          doctest::timeout(60)) {
+  // One 48 MiB frame (chunk and slice bounds raised above it) sent while nothing else is in
+  // flight goes to the socket from the caller's thread, which takes only what fits in the
+  // socket buffer (a few MiB on loopback); the io thread writes the rest, before the small
+  // pushes queued meanwhile. Any byte lost, repeated or reordered breaks the values or the
+  // framing of every later frame.
+  auto o = kvtest::test_options(1, 1);
+  o.chunk_bytes = std::size_t{64} << 20;
+  o.slice_bytes = std::size_t{64} << 20;
+  for (auto spin : {0, 200}) {
+    CAPTURE(spin);
+    o.wait_spin = std::chrono::microseconds(spin);
+    kvtest::cluster c(o);
+    c.run_workers([](KVStore<dist>& kv) {
+      const std::size_t n = std::size_t{12} << 20;  // 48 MiB of float
+      kv.init("big", iota<float>(n, 0.0f));
+      kv.init("small", filled(8, 0.0f));
+      for (int round = 1; round <= 3; ++round) {
+        auto big = iota<float>(n, static_cast<float>(round));
+        const auto small = filled(8, static_cast<float>(round));  // alive until the push is done
+        auto a = kv.push("big", big);
+        auto b = kv.push("small", small);
+        a.wait();
+        b.wait();
+        std::vector<float> out(n), s(8);
+        kv.pull("big", out).wait();
+        kv.pull("small", s).wait();
+        CHECK(out == big);
+        CHECK(s == small);
+      }
+    });
+  }
+}
+
 TEST_CASE("dist_async: each push is applied on arrival" * doctest::timeout(30)) {
   kvtest::cluster c(kvtest::test_options(2, 2, /*sync=*/false));
   c.run_workers([](KVStore<dist>& kv) {

@@ -113,7 +113,8 @@ TEST_CASE("KVSTORE_* variables") {
               {"KVSTORE_REQUEST_TIMEOUT_MS", "2000"},
               {"KVSTORE_BARRIER_TIMEOUT_MS", "3000"},
               {"KVSTORE_HEARTBEAT_MS", "100"},
-              {"KVSTORE_DEAD_TIMEOUT_MS", "4000"}};
+              {"KVSTORE_DEAD_TIMEOUT_MS", "4000"},
+              {"KVSTORE_WAIT_SPIN_US", "0"}};
   const auto o = dist_options::from_env();
   CHECK(o.role == role::server);
   CHECK(o.scheduler_host == "10.1.2.3");
@@ -139,6 +140,7 @@ TEST_CASE("KVSTORE_* variables") {
   CHECK(o.barrier_timeout == std::chrono::milliseconds(3000));
   CHECK(o.heartbeat_interval == std::chrono::milliseconds(100));
   CHECK(o.dead_timeout == std::chrono::milliseconds(4000));
+  CHECK(o.wait_spin == std::chrono::microseconds(0));
 }
 
 TEST_CASE("KVSTORE_TYPE accepts dist, dist_sync and dist_async") {

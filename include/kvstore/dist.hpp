@@ -163,7 +163,7 @@ class KVStore<dist, T> {
       throw error(errc::invalid_argument, "kvstore: push of " + std::to_string(ks.size()) +
                                               " keys with " + std::to_string(values.size()) + " values");
     auto groups = group_by_key("push", ks, values);
-    auto st = std::make_shared<detail::op_state>(groups.size());
+    auto st = new_state(groups.size());
     for (auto& [m, srcs] : groups) submit_summed(m, std::move(srcs), priority, st);
     return op(st);
   }
@@ -185,7 +185,7 @@ class KVStore<dist, T> {
       throw error(errc::invalid_argument, "kvstore: pull of " + std::to_string(ks.size()) +
                                               " keys into " + std::to_string(outs.size()) + " outputs");
     auto groups = group_by_key("pull", ks, outs);
-    auto st = std::make_shared<detail::op_state>(groups.size());
+    auto st = new_state(groups.size());
     for (auto& [m, o] : groups)
       submit(m, priority, [this, m = m, o = o, priority](auto done) { send_pull(m, o, priority, done); }, st);
     return op(st);
@@ -515,7 +515,7 @@ class KVStore<dist, T> {
     }
     const bool data = rank() == 0;
     const std::size_t chunk = chunk_elems();
-    auto st = std::make_shared<detail::op_state>(m.slices.size());
+    auto st = new_state(m.slices.size());
     for (auto& s : m.slices) {
       std::vector<transport::out_frame> frames;
       wire::meta_writer w;
@@ -558,12 +558,19 @@ class KVStore<dist, T> {
     }
   }
 
+  // The shared state of a new op of `parts` parts; its wait() spins as the options say.
+  std::shared_ptr<detail::op_state> new_state(std::size_t parts) const {
+    auto st = std::make_shared<detail::op_state>(parts);
+    st->spin_us = static_cast<unsigned>(impl_->opts.wait_spin.count());
+    return st;
+  }
+
   std::size_t chunk_elems() const { return std::max<std::size_t>(1, impl_->opts.chunk_bytes / sizeof(T)); }
 
   template <class F>
   op submit(const detail::dist_key& m, int priority, F&& f, std::shared_ptr<detail::op_state> st = nullptr) {
     const bool fresh = !st;
-    if (!st) st = std::make_shared<detail::op_state>(1);
+    if (!st) st = new_state(1);
     impl_->eng.submit(
         m.k.id(), priority,
         [f = std::forward<F>(f)](detail::engine::done_fn done) { f(std::move(done)); }, st,
@@ -735,7 +742,7 @@ class KVStore<dist, T> {
   template <class Make>
   void to_all_servers(std::string_view what, Make&& make,
                       std::function<void(const wire::header&, std::span<const std::byte>)> on_response = {}) {
-    auto st = std::make_shared<detail::op_state>(static_cast<std::size_t>(num_servers()));
+    auto st = new_state(static_cast<std::size_t>(num_servers()));
     for (int s = 0; s < num_servers(); ++s) {
       detail::worker_client::request r;
       r.what = std::string(what) + " on " + detail::node_name(detail::server_id(s));

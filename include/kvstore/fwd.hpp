@@ -3,6 +3,8 @@
 
 #include <kvstore/error.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <concepts>
 #include <condition_variable>
 #include <cstdint>
@@ -11,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 
 namespace kvstore {
 
@@ -72,11 +75,16 @@ struct op_state {
   std::condition_variable cv;
   std::size_t remaining;
   std::exception_ptr error;
+  std::atomic<bool> finished{false};  // remaining reached 0 (read without the lock by spinners)
+  unsigned spin_us = 0;               // wait() polls `finished` this long before sleeping
 
   void complete_part(std::exception_ptr e = nullptr) {
     std::lock_guard lk(m);
     if (e && !error) error = e;
-    if (remaining > 0 && --remaining == 0) cv.notify_all();
+    if (remaining > 0 && --remaining == 0) {
+      finished.store(true, std::memory_order_release);
+      cv.notify_all();
+    }
   }
   void add_parts(std::size_t n) {
     std::lock_guard lk(m);
@@ -96,6 +104,7 @@ class op {
   /// Blocks until done; throws the operation's error, if any.
   void wait() const {
     if (!s_) return;
+    if (s_->spin_us && !s_->finished.load(std::memory_order_acquire)) spin();
     std::unique_lock lk(s_->m);
     s_->cv.wait(lk, [&] { return s_->remaining == 0; });
     if (s_->error) std::rethrow_exception(s_->error);
@@ -110,6 +119,18 @@ class op {
   static op done() { return op{}; }
 
  private:
+  // Polls for completion for up to spin_us before wait() sleeps: an answer that comes within it
+  // is seen without waking this thread from sleep.
+  void spin() const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(s_->spin_us);
+    do {
+      for (int i = 0; i < 32; ++i) {
+        if (s_->finished.load(std::memory_order_acquire)) return;
+        std::this_thread::yield();
+      }
+    } while (std::chrono::steady_clock::now() < until);
+  }
+
   std::shared_ptr<detail::op_state> s_;
 };
 

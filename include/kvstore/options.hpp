@@ -71,6 +71,11 @@ struct dist_options {
   std::chrono::milliseconds heartbeat_interval{500};
   /// A node not heard from for this long is dead for the scheduler (and reported to the others).
   std::chrono::milliseconds dead_timeout{10'000};
+  /// op::wait() on a worker polls for the answer this long (yielding the CPU between polls)
+  /// before it sleeps. An answer within it reaches the waiting thread without a wake-up from
+  /// sleep, which costs tens of microseconds on a virtual machine; 0 sleeps at once. The cost is
+  /// CPU: a waiting thread stays runnable for up to this long per wait.
+  std::chrono::microseconds wait_spin{200};
 
   /// A peer must prove the token within this long after connecting, or it is dropped.
   std::chrono::milliseconds handshake_timeout{5'000};
@@ -219,6 +224,8 @@ struct dist_options {
     ms("KVSTORE_BARRIER_TIMEOUT_MS", barrier_timeout);
     ms("KVSTORE_HEARTBEAT_MS", heartbeat_interval);
     ms("KVSTORE_DEAD_TIMEOUT_MS", dead_timeout);
+    if (auto v = env("KVSTORE_WAIT_SPIN_US"))
+      wait_spin = std::chrono::microseconds(parse_int("KVSTORE_WAIT_SPIN_US", *v, 0, 1'000'000));
     if (auto v = env("KVSTORE_BIND")) bind_host = *v;
     if (auto v = env("KVSTORE_ADVERTISE")) advertise_host = *v;
     if (!role_given) apply_launcher_env();
