@@ -7,6 +7,7 @@
 
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/partition.hpp>
+#include <kvstore/detail/group.hpp>
 #include <kvstore/engine/engine.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/fwd.hpp>
@@ -444,17 +445,11 @@ class KVStore<dist, T> {
   // The buffers of a multi-key call grouped by key, in first-appearance order: a key named twice
   // gets both buffers in one group (summed for a push, each filled for a pull).
   template <class Span>
-  std::vector<std::pair<detail::dist_key, std::vector<Span>>> group_by_key(std::string_view call,
-                                                                          std::span<const key> ks,
-                                                                          std::span<const Span> bufs) {
-    std::vector<std::pair<detail::dist_key, std::vector<Span>>> groups;
-    for (std::size_t i = 0; i < ks.size(); ++i) {
-      auto m = find(call, ks[i], bufs[i].size());
-      auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.first.k.id() == m.k.id(); });
-      if (it == groups.end()) groups.push_back({m, {bufs[i]}});
-      else it->second.push_back(bufs[i]);
-    }
-    return groups;
+  std::vector<detail::key_group<detail::dist_key, Span>> group_by_key(std::string_view call, std::span<const key> ks,
+                                                                      std::span<const Span> bufs) {
+    return detail::group_by_key<detail::dist_key>(
+        bufs, [&](std::size_t i) { return find(call, ks[i], bufs[i].size()); },
+        [](const detail::dist_key& a, const detail::dist_key& b) { return a.k.id() == b.k.id(); });
   }
 
   std::unordered_map<std::uint64_t, detail::dist_key> snapshot_keys() {

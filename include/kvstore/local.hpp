@@ -3,6 +3,7 @@
 // code.
 #pragma once
 
+#include <kvstore/detail/group.hpp>
 #include <kvstore/engine/engine.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/fwd.hpp>
@@ -14,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -199,12 +201,8 @@ class KVStore<local, T> {
     std::vector<group_in> groups;
     {
       std::shared_lock lk(impl_->m);
-      for (std::size_t i = 0; i < ks.size(); ++i) {
-        auto* e = &find_locked("push", ks[i]);
-        auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.e == e; });
-        if (it == groups.end()) groups.push_back({e, {values[i]}});
-        else it->srcs.push_back(values[i]);
-      }
+      groups = detail::group_by_key<entry*>(values, [&](std::size_t i) { return &find_locked("push", ks[i]); },
+                                            std::equal_to<>{});
     }
     return push_groups("push", std::move(groups), priority);
   }
@@ -235,12 +233,8 @@ class KVStore<local, T> {
     std::vector<group_out> groups;
     {
       std::shared_lock lk(impl_->m);
-      for (std::size_t i = 0; i < ks.size(); ++i) {
-        auto* e = &find_locked("pull", ks[i]);
-        auto it = std::find_if(groups.begin(), groups.end(), [&](auto& g) { return g.e == e; });
-        if (it == groups.end()) groups.push_back({e, {outs[i]}});
-        else it->outs.push_back(outs[i]);
-      }
+      groups = detail::group_by_key<entry*>(outs, [&](std::size_t i) { return &find_locked("pull", ks[i]); },
+                                            std::equal_to<>{});
     }
     return pull_groups("pull", std::move(groups), priority);
   }
@@ -428,14 +422,9 @@ class KVStore<local, T> {
     std::span<const T> value;
     std::size_t row_length;
   };
-  struct group_in {
-    entry* e;
-    std::vector<std::span<const T>> srcs;
-  };
-  struct group_out {
-    entry* e;
-    std::vector<std::span<T>> outs;
-  };
+  // One key of a call and its buffers (detail/group.hpp): h is the key's entry.
+  using group_in = detail::key_group<entry*, std::span<const T>>;
+  using group_out = detail::key_group<entry*, std::span<T>>;
 
   std::shared_ptr<const detail::local_optimizer<T>> current_optimizer() const {
     std::shared_lock lk(impl_->m);
@@ -515,37 +504,37 @@ class KVStore<local, T> {
 
   op push_groups(std::string_view call, std::vector<group_in> groups, int priority) {
     for (auto& g : groups)
-      for (auto& s : g.srcs) check_size(call, *g.e, s.size());
+      for (auto& s : g.bufs) check_size(call, *g.h, s.size());
     if (groups.empty()) return op::done();
     auto opt = current_optimizer();
     auto st = std::make_shared<detail::op_state>(groups.size());
     detail::local_impl<T>* impl = impl_.get();
     for (auto& g : groups) {
       impl->eng.submit_sync(
-          g.e->k.id(), priority,
-          [impl, ep = g.e, srcs = std::move(g.srcs), opt] {
+          g.h->k.id(), priority,
+          [impl, ep = g.h, srcs = std::move(g.bufs), opt] {
             std::lock_guard lk(ep->m);
             push_task(*impl, *ep, srcs, opt.get());
           },
-          st, impl_->run_inline(g.e->size, opt.get()));
+          st, impl_->run_inline(g.h->size, opt.get()));
     }
     return op(std::move(st));
   }
 
   op pull_groups(std::string_view call, std::vector<group_out> groups, int priority) {
     for (auto& g : groups)
-      for (auto& o : g.outs) check_size(call, *g.e, o.size());
+      for (auto& o : g.bufs) check_size(call, *g.h, o.size());
     if (groups.empty()) return op::done();
     auto st = std::make_shared<detail::op_state>(groups.size());
     detail::local_impl<T>* impl = impl_.get();
     for (auto& g : groups) {
       impl->eng.submit_sync(
-          g.e->k.id(), priority,
-          [impl, ep = g.e, outs = std::move(g.outs)] {
+          g.h->k.id(), priority,
+          [impl, ep = g.h, outs = std::move(g.bufs)] {
             std::lock_guard lk(ep->m);
             for (auto o : outs) impl->copy(o, ep->value);
           },
-          st, impl_->run_inline(g.e->size));
+          st, impl_->run_inline(g.h->size));
     }
     return op(std::move(st));
   }
