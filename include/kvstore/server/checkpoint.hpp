@@ -21,11 +21,19 @@ namespace kvstore::detail {
 inline constexpr char snapshot_magic[8] = {'K', 'V', 'S', 'N', 'A', 'P', '0', '1'};
 inline constexpr std::uint32_t snapshot_version = 1;
 
-/// One key slice as saved.
-struct slice_snapshot {
+/// What a key slice is (key, element type, its range of the whole value, row length) and how
+/// many sync rounds it completed: a server's slice and its snapshot share these fields, so a
+/// snapshot and a restore each copy them in one assignment.
+struct slice_header {
   std::uint64_t key = 0;
-  wire::dtype type = wire::dtype::f32;
-  std::uint64_t total = 0, lo = 0, hi = 0, row_length = 0, round = 0;
+  wire::dtype type = wire::dtype::none;
+  std::uint64_t total = 0, lo = 0, hi = 0, row_length = 0;
+  std::uint64_t round = 0;
+};
+
+/// One key slice as saved.
+struct slice_snapshot : slice_header {
+  slice_snapshot() { type = wire::dtype::f32; }
   std::string value;                 // (hi - lo) elements, raw
   std::uint64_t step = 0;            // optimizer steps applied
   std::vector<std::string> slots;    // optimizer state slots, raw, (hi - lo) elements each

@@ -151,13 +151,7 @@ class server final : public transport::frame_handler {
     }
     for (auto& x : snap.slices) {
       slice& sl = restored[x.key];
-      sl.key = x.key;
-      sl.type = x.type;
-      sl.total = x.total;
-      sl.lo = x.lo;
-      sl.hi = x.hi;
-      sl.row_length = x.row_length;
-      sl.round = x.round;
+      static_cast<detail::slice_header&>(sl) = x;
       sl.applied.insert(x.applied.begin(), x.applied.end());
       sl.inited = true;
       sl.restored = true;
@@ -195,13 +189,7 @@ class server final : public transport::frame_handler {
       const slice& sl = kv.second;
       if (!sl.inited) continue;
       detail::slice_snapshot x;
-      x.key = sl.key;
-      x.type = sl.type;
-      x.total = sl.total;
-      x.lo = sl.lo;
-      x.hi = sl.hi;
-      x.row_length = sl.row_length;
-      x.round = sl.round;
+      static_cast<detail::slice_header&>(x) = sl;
       x.applied.assign(sl.applied.begin(), sl.applied.end());
       x.value.assign(reinterpret_cast<const char*>(sl.value->data()), sl.value->size());
       detail::with_dtype(sl.type, [&]<class T>() {

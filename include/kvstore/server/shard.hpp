@@ -5,6 +5,7 @@
 
 #include <kvstore/error.hpp>
 #include <kvstore/optim/all.hpp>
+#include <kvstore/server/checkpoint.hpp>
 #include <kvstore/wire/frame.hpp>
 
 #include <algorithm>
@@ -90,10 +91,7 @@ struct reply_to {
 
 /// One key's slice on this server.
 template <class Conn>
-struct key_slice {
-  std::uint64_t key = 0;
-  wire::dtype type = wire::dtype::none;
-  std::uint64_t total = 0, lo = 0, hi = 0, row_length = 0;
+struct key_slice : slice_header {
   std::shared_ptr<bytes> value;  // shared with pull answers in flight: copy on write
   bool inited = false;
   bool restored = false;  // loaded from a snapshot: re-sent inits are acknowledged
@@ -105,7 +103,6 @@ struct key_slice {
   coverage cov;
   std::set<int> round_done;
   std::vector<reply_to<Conn>> round_waiters;
-  std::uint64_t round = 0;
   // Exactly-once pushes across a server restart: per worker, the sequence number of its last
   // push applied (kept in snapshots), and of its push in the round being gathered.
   std::map<int, std::uint64_t> applied;
