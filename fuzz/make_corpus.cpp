@@ -5,6 +5,7 @@
 #include <kvstore/fwd.hpp>
 #include <kvstore/optim/all.hpp>
 #include <kvstore/optim/state_file.hpp>
+#include <kvstore/server/checkpoint.hpp>
 #include <kvstore/transport/auth.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -203,6 +204,33 @@ void server_frames() {
   put("server", "no-hello", std::string(1, '\0') + base);
 }
 
+// Server snapshots (fuzz_snapshot: the first byte picks raw bytes (even) or a body wrapped in a
+// valid header (odd)). seed-v1-* are version-1 files kept from before version 2.
+void snapshots() {
+  detail::shard_snapshot s;
+  s.rank = 1;
+  s.optimizer_name = "sgd";
+  s.optimizer_params = optim::make_updater<float>(optim::sgd{}).params;
+  detail::slice_snapshot x;
+  x.key = 7;
+  x.total = 8;
+  x.lo = 4;
+  x.hi = 8;
+  x.round = 3;
+  x.step = 2;
+  x.value = floats({1, 2, 3, 4});
+  x.slots.push_back(floats({0, 0, 0, 0}));
+  x.applied = {{0, 5}, {1, 4}};
+  x.parts = {{1, 5, 2}};  // worker 1's push 5: two frames applied
+  s.slices.push_back(x);
+  const std::string file = detail::encode_snapshot(s);
+  const std::size_t head = sizeof detail::snapshot_magic + 4 + 8 + 4;
+  put("snapshot", "raw", std::string(1, '\0') + file);
+  put("snapshot", "body", std::string(1, '\1') + file.substr(head));
+  put("snapshot", "empty", std::string(1, '\0') + detail::encode_snapshot(detail::shard_snapshot{}));
+  put("snapshot", "truncated", std::string(1, '\0') + file.substr(0, file.size() - 9));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -216,6 +244,7 @@ int main(int argc, char** argv) {
   messages();
   state_files();
   server_frames();
+  snapshots();
   std::printf("corpus written under %s\n", root.c_str());
   return 0;
 }

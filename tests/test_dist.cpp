@@ -246,6 +246,34 @@ TEST_CASE("dist_async: each push is applied on arrival" * doctest::timeout(30)) 
   });
 }
 
+TEST_CASE("dist_async: a push sent in several frames is one optimizer step" * doctest::timeout(30)) {
+  // 3000 floats in frames of 4 KiB: three frames per push, applied one by one on arrival. Adam's
+  // bias correction depends on the step count, so a frame counted as a step of its own would
+  // move the weights differently from one whole-vector step of the same optimizer here.
+  auto o = kvtest::test_options(1, 1, /*sync=*/false);
+  o.chunk_bytes = 4096;
+  kvtest::cluster c(o);
+  c.run_workers([](KVStore<dist>& kv) {
+    KVStore<kvstore::local> ref;
+    const std::size_t n = 3000;
+    const auto w0 = iota<float>(n, 1.0f, 0.5f);
+    kv.init(5, w0);
+    ref.init(5, w0);
+    const kvstore::optim::adam a{.learning_rate = 0.1};
+    kv.set_optimizer(a);
+    ref.set_optimizer(a);
+    for (int i = 0; i < 4; ++i) {
+      const auto g = iota<float>(n, static_cast<float>(i), 0.25f);
+      kv.push(5, g).wait();
+      ref.push(5, g).wait();
+    }
+    std::vector<float> out(n), want(n);
+    kv.pull(5, out).wait();
+    ref.pull(5, want).wait();
+    CHECK(out == want);
+  });
+}
+
 TEST_CASE("KVStore<dist, double>: values and sums in double precision" * doctest::timeout(30)) {
   kvtest::cluster c(kvtest::test_options(2, 2));
   c.run_workers<double>([](KVStore<dist, double>& kv) {

@@ -19,7 +19,7 @@
 namespace kvstore::detail {
 
 inline constexpr char snapshot_magic[8] = {'K', 'V', 'S', 'N', 'A', 'P', '0', '1'};
-inline constexpr std::uint32_t snapshot_version = 1;
+inline constexpr std::uint32_t snapshot_version = 2;  // 2 added parts; version 1 files still load
 
 /// What a key slice is (key, element type, its range of the whole value, row length) and how
 /// many sync rounds it completed: a server's slice and its snapshot share these fields, so a
@@ -31,6 +31,13 @@ struct slice_header {
   std::uint64_t round = 0;
 };
 
+/// An async push sent in several frames, of which the first `frames` were applied when the
+/// snapshot was taken.
+struct part_snapshot {
+  int rank = 0;
+  std::uint64_t seq = 0, frames = 0;
+};
+
 /// One key slice as saved.
 struct slice_snapshot : slice_header {
   slice_snapshot() { type = wire::dtype::f32; }
@@ -38,6 +45,7 @@ struct slice_snapshot : slice_header {
   std::uint64_t step = 0;            // optimizer steps applied
   std::vector<std::string> slots;    // optimizer state slots, raw, (hi - lo) elements each
   std::vector<std::pair<int, std::uint64_t>> applied;  // per worker: last push applied
+  std::vector<part_snapshot> parts;  // per worker: an async push applied in part (version 2)
 };
 
 struct shard_snapshot {
@@ -64,6 +72,8 @@ inline std::string encode_snapshot(const shard_snapshot& s) {
     for (auto& sl : x.slots) b.raw(sl);
     b.u32(static_cast<std::uint32_t>(x.applied.size()));
     for (auto [r, q] : x.applied) b.u32(static_cast<std::uint32_t>(r)).u64(q);
+    b.u32(static_cast<std::uint32_t>(x.parts.size()));
+    for (auto& p : x.parts) b.u32(static_cast<std::uint32_t>(p.rank)).u64(p.seq).u64(p.frames);
   }
   std::string body = b.take();
   wire::meta_writer h;
@@ -83,7 +93,7 @@ inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string&
   try {
     wire::meta_reader h(bytes.substr(sizeof snapshot_magic, head - sizeof snapshot_magic));
     const auto version = h.u32();
-    if (version != snapshot_version) throw bad("format version " + std::to_string(version) + ", expected " + std::to_string(snapshot_version));
+    if (version != snapshot_version && version != 1) throw bad("format version " + std::to_string(version) + ", expected " + std::to_string(snapshot_version));
     const auto len = h.u64();
     const auto crc = h.u32();
     if (len != bytes.size() - head) throw bad("body of " + std::to_string(bytes.size() - head) + " bytes, header says " + std::to_string(len));
@@ -123,6 +133,17 @@ inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string&
       for (std::uint32_t k = 0; k < napplied; ++k) {
         const auto rank = r.u32();
         x.applied.emplace_back(static_cast<int>(rank), r.u64());
+      }
+      if (version >= 2) {
+        const auto nparts = r.u32();
+        if (nparts > r.remaining() / 20) throw bad("implausible count of pushes in progress");
+        for (std::uint32_t k = 0; k < nparts; ++k) {
+          part_snapshot p;
+          p.rank = static_cast<int>(r.u32());
+          p.seq = r.u64();
+          p.frames = r.u64();
+          x.parts.push_back(p);
+        }
       }
       s.slices.push_back(std::move(x));
     }

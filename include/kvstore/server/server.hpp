@@ -153,6 +153,7 @@ class server final : public transport::frame_handler {
       slice& sl = restored[x.key];
       static_cast<detail::slice_header&>(sl) = x;
       sl.applied.insert(x.applied.begin(), x.applied.end());
+      for (auto& p : x.parts) sl.parts[p.rank] = {p.seq, p.frames, 0};
       sl.inited = true;
       sl.restored = true;
       for (int r = 0; r < opts_.num_workers; ++r) sl.init_done.insert(r);
@@ -191,6 +192,7 @@ class server final : public transport::frame_handler {
       detail::slice_snapshot x;
       static_cast<detail::slice_header&>(x) = sl;
       x.applied.assign(sl.applied.begin(), sl.applied.end());
+      for (auto& [rank, p] : sl.parts) x.parts.push_back({rank, p.seq, p.applied});
       x.value.assign(reinterpret_cast<const char*>(sl.value->data()), sl.value->size());
       detail::with_dtype(sl.type, [&]<class T>() {
         const auto& st = state<T>(kv.second);
@@ -470,12 +472,21 @@ class server final : public transport::frame_handler {
       if (h.flags & wire::flag_last) end_round_push(s, c, h);
       return;
     }
-    detail::with_dtype(s.type, [&]<class T>() { apply_range<T>(s, reinterpret_cast<const T*>(payload.data()), rel, n, true); });
-    if (h.flags & wire::flag_last) {
-      if (h.aux) s.applied[c.peer_rank] = h.aux;
-      reply(c, h.req_id, errc::ok, {});
-      changed();
-    }
+    bool first = true;
+    if (s.take_async_frame(c.peer_rank, h.aux, first))
+      detail::with_dtype(s.type, [&]<class T>() {
+        apply_range<T>(s, reinterpret_cast<const T*>(payload.data()), rel, n, /*new_step=*/first);
+      });
+    end_async_frame(s, c, h);
+  }
+
+  // After each frame of an async push: on its last, the push is applied whole and answered.
+  void end_async_frame(slice& s, transport::connection& c, const wire::header& h) {
+    if (!(h.flags & wire::flag_last)) return;
+    s.parts.erase(c.peer_rank);
+    if (h.aux) s.applied[c.peer_rank] = h.aux;
+    changed();  // a snapshot due now is written before the answer: an answered push is kept
+    reply(c, h.req_id, errc::ok, {});
   }
 
   // A push re-sent after a restart that the snapshot already holds: answered, not applied twice.
@@ -524,25 +535,22 @@ class server final : public transport::frame_handler {
       return;
     }
     // Async: duplicates in one message are summed first, then each row applied.
-    detail::with_dtype(s.type, [&]<class T>() {
-      const T* src = reinterpret_cast<const T*>(payload.data());
-      std::map<std::int64_t, std::vector<T>> sum;
-      for (std::size_t i = 0; i < rows.size(); ++i) {
-        auto [it, fresh] = sum.try_emplace(rows[i], src + i * rl, src + (i + 1) * rl);
-        if (!fresh)
-          for (std::uint64_t j = 0; j < rl; ++j) it->second[j] += src[i * rl + j];
-      }
-      bool first = true;
-      for (auto& [r, v] : sum) {
-        apply_range<T>(s, v.data(), static_cast<std::uint64_t>(r) * rl - s.lo, rl, first);
-        first = false;
-      }
-    });
-    if (h.flags & wire::flag_last) {
-      if (h.aux) s.applied[c.peer_rank] = h.aux;
-      reply(c, h.req_id, errc::ok, {});
-      changed();
-    }
+    bool first = true;
+    if (s.take_async_frame(c.peer_rank, h.aux, first))
+      detail::with_dtype(s.type, [&]<class T>() {
+        const T* src = reinterpret_cast<const T*>(payload.data());
+        std::map<std::int64_t, std::vector<T>> sum;
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          auto [it, fresh] = sum.try_emplace(rows[i], src + i * rl, src + (i + 1) * rl);
+          if (!fresh)
+            for (std::uint64_t j = 0; j < rl; ++j) it->second[j] += src[i * rl + j];
+        }
+        for (auto& [r, v] : sum) {
+          apply_range<T>(s, v.data(), static_cast<std::uint64_t>(r) * rl - s.lo, rl, first);
+          first = false;
+        }
+      });
+    end_async_frame(s, c, h);
   }
 
   // Applies `n` elements at slice offset `rel`: stores them (no optimizer) or updates the
@@ -830,6 +838,10 @@ class server final : public transport::frame_handler {
         break;
       }
     if (done_) return;
+    if (c.peer_rank >= 0)
+      // A push re-sent on its next connection starts again from its first frame.
+      for (auto& [k, s] : slices_)
+        if (auto it = s.parts.find(c.peer_rank); it != s.parts.end()) it->second.received = 0;
     if (sched_lost_ && workers_.empty()) return finish("");
     if (c.peer_id < 0) {
       detail::log_warn(who_, "dropped connection from " + c.remote() + ": " + reason);

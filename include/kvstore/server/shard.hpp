@@ -107,6 +107,26 @@ struct key_slice : slice_header {
   // push applied (kept in snapshots), and of its push in the round being gathered.
   std::map<int, std::uint64_t> applied;
   std::map<int, std::uint64_t> round_seq;
+  // dist_async applies a push sent in several frames frame by frame. Per worker, the push in
+  // progress: its sequence number, how many of its frames were applied (kept in snapshots) and
+  // how many arrived on the worker's current connection. After a restart from a snapshot taken
+  // mid-push, the re-sent push's first `applied` frames are skipped: exactly once, frame by frame.
+  struct part {
+    std::uint64_t seq = 0, applied = 0, received = 0;
+  };
+  std::map<int, part> parts;
+
+  /// Whether to apply this frame of worker `rank`'s async push `seq` (0: not numbered, always
+  /// applied), and whether it is the push's first frame applied (one optimizer step per push).
+  bool take_async_frame(int rank, std::uint64_t seq, bool& first) {
+    first = true;
+    if (seq == 0) return true;
+    auto& p = parts[rank];
+    if (p.seq != seq) p = part{seq, 0, 0};
+    if (++p.received <= p.applied) return false;  // re-sent: applied before the restart
+    first = p.applied++ == 0;
+    return true;
+  }
 
   /// A re-sent push this slice already applied (sequence 0: not numbered, never a duplicate).
   bool duplicate(int rank, std::uint64_t seq) const {
