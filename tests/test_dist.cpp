@@ -27,18 +27,6 @@ using kvtest::expect_error;
 
 }  // namespace
 
-namespace doctest {
-template <class T>
-struct StringMaker<std::vector<T>> {
-  static String convert(const std::vector<T>& v) {
-    std::string s = "{";
-    for (std::size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-    if (v.size() > 16) s += ", ... (" + std::to_string(v.size()) + ")";
-    return (s + "}").c_str();
-  }
-};
-}  // namespace doctest
-
 TEST_CASE("type, rank and num_workers; a key pulled after init has rank 0's value" * doctest::timeout(30)) {
   for (bool sync : {true, false}) {
     CAPTURE(sync);

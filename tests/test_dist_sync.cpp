@@ -59,18 +59,6 @@ void check_near(const std::vector<float>& got, const std::vector<float>& want) {
 
 }  // namespace
 
-namespace doctest {
-template <class T>
-struct StringMaker<std::vector<T>> {
-  static String convert(const std::vector<T>& v) {
-    std::string s = "{";
-    for (std::size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
-    if (v.size() > 16) s += ", ... (" + std::to_string(v.size()) + ")";
-    return (s + "}").c_str();
-  }
-};
-}  // namespace doctest
-
 TEST_CASE("the partition: small values whole on one server, big ones sliced evenly, matrices by whole rows" *
           doctest::timeout(20)) {
   using kvstore::detail::partition;

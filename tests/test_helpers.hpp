@@ -1,11 +1,27 @@
-// Small helpers shared by the dist tests. Include after <doctest/doctest.h>.
+// Small helpers shared by the tests. Include after <doctest/doctest.h>.
 #pragma once
 
 #include <kvstore/error.hpp>
 
 #include <initializer_list>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
+
+namespace doctest {
+// A vector of numbers in a failed check: its first 16 elements and its size.
+template <class T>
+  requires std::is_arithmetic_v<T>
+struct StringMaker<std::vector<T>> {
+  static String convert(const std::vector<T>& v) {
+    std::string s = "{";
+    for (std::size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    if (v.size() > 16) s += ", ... (" + std::to_string(v.size()) + ")";
+    return (s + "}").c_str();
+  }
+};
+}  // namespace doctest
 
 namespace kvtest {
 
@@ -31,6 +47,17 @@ void expect_error(F&& f, kvstore::errc code, std::initializer_list<std::string> 
     CHECK_MESSAGE(e.code() == make_error_code(code), e.what());
     for (auto& p : parts) CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
   }
+}
+
+// The kvstore::error f throws, if any.
+template <class F>
+std::optional<kvstore::error> error_of(F&& f) {
+  try {
+    f();
+  } catch (const kvstore::error& e) {
+    return e;
+  }
+  return std::nullopt;
 }
 
 }  // namespace kvtest

@@ -3,6 +3,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "test_helpers.hpp"
+
+using kvtest::error_of;
+
 #include <atomic>
 #include <cmath>
 #include <locale>
@@ -55,16 +59,6 @@ std::vector<T> run(const O& o, std::vector<T> w, const std::vector<std::vector<T
   for (const auto& g : grads) u.apply(7, g, w, st);
   if (st_out) *st_out = st;
   return w;
-}
-
-template <class F>
-std::optional<kvstore::error> error_of(F&& f) {
-  try {
-    f();
-  } catch (const kvstore::error& e) {
-    return e;
-  }
-  return std::nullopt;
 }
 
 }  // namespace

@@ -5,6 +5,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "test_helpers.hpp"
+
+using kvtest::error_of;
+
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
@@ -42,16 +46,6 @@ struct temp_dir {
     return out;
   }
 };
-
-template <class F>
-std::optional<kvstore::error> error_of(F&& f) {
-  try {
-    f();
-  } catch (const kvstore::error& e) {
-    return e;
-  }
-  return std::nullopt;
-}
 
 bool mentions(const kvstore::error& e, const fs::path& p) {
   return std::string(e.what()).find(p.string()) != std::string::npos;
