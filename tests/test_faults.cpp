@@ -19,6 +19,7 @@
 #include <doctest/doctest.h>
 
 #include "dist_cluster.hpp"
+#include "test_helpers.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -473,14 +474,7 @@ void worker_death_case(bool leave) {
     std::this_thread::sleep_for(300ms);
     ::kill(child.pid, SIGKILL);
   });
-  struct joiner {
-    std::thread& t;
-    std::atomic<bool>& s;
-    ~joiner() {
-      s = true;
-      if (t.joinable()) t.join();
-    }
-  } join_killer{killer, stop};
+  kvtest::join_on_exit<bool> join_killer{killer, stop, true};
   on_threads(2, [&](int w) {
     auto o = job.worker(w);
     o.on_worker_death = leave ? kvstore::worker_death::leave_group : kvstore::worker_death::fail;
@@ -851,14 +845,7 @@ TEST_CASE("garbage clients connecting throughout training: the values stay exact
     }
     for (int fd : held) ::close(fd);
   });
-  struct joiner {
-    std::thread& t;
-    std::atomic<bool>& d;
-    ~joiner() {
-      d = true;
-      if (t.joinable()) t.join();
-    }
-  } join_attacker{attacker, done};
+  kvtest::join_on_exit<bool> join_attacker{attacker, done, true};
   constexpr int rounds = 1500;
   const auto t0 = clk::now();
   c.run_workers([&](KVStore<dist>& kv) {

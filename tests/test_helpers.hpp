@@ -3,9 +3,11 @@
 
 #include <kvstore/error.hpp>
 
+#include <atomic>
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -48,6 +50,19 @@ void expect_error(F&& f, kvstore::errc code, std::initializer_list<std::string> 
     for (auto& p : parts) CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
   }
 }
+
+// Joins a helper thread (a killer, an attacker) when the test leaves its scope, also by an
+// exception: first stores `release` into the flag the thread polls, so it stops waiting.
+template <class T>
+struct join_on_exit {
+  std::thread& t;
+  std::atomic<T>& flag;
+  T release;
+  ~join_on_exit() {
+    flag = release;
+    if (t.joinable()) t.join();
+  }
+};
 
 // The kvstore::error f throws, if any.
 template <class F>

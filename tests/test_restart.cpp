@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include "dist_cluster.hpp"
+#include "test_helpers.hpp"
 
 #include <signal.h>
 #include <spawn.h>
@@ -66,6 +67,27 @@ pid_t spawn_server(std::uint16_t sched_port, const std::filesystem::path& dir, i
   return pid;
 }
 
+// SIGKILLs server `pid` (running or stopped) and, after a moment, starts it again with rank 0
+// and the same extra environment; returns the new pid.
+pid_t kill_and_restart(pid_t pid, std::uint16_t sched_port, const std::filesystem::path& dir,
+                       std::vector<std::string> extra_env = {}) {
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::this_thread::sleep_for(200ms);
+  return spawn_server(sched_port, dir, 0, nullptr, std::move(extra_env));
+}
+
+// A 1 x 1 job whose server is killed and restarted: the worker holds and re-sends its requests,
+// and the restart, not the heartbeat deadline, decides.
+kvstore::dist_options restart_options(bool sync) {
+  auto o = kvtest::test_options(1, 1, sync);
+  o.server_restart_wait = 30'000ms;
+  o.request_timeout = 40'000ms;
+  o.dead_timeout = 60'000ms;
+  return o;
+}
+
 int wait_exit(pid_t pid, std::chrono::milliseconds limit) {
   auto end = std::chrono::steady_clock::now() + limit;
   int status = 0;
@@ -83,10 +105,7 @@ int wait_exit(pid_t pid, std::chrono::milliseconds limit) {
 TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is lost or doubled" *
           doctest::timeout(120)) {
   tmpdir dir;
-  auto o = kvtest::test_options(1, 1);
-  o.server_restart_wait = 30'000ms;
-  o.request_timeout = 40'000ms;
-  o.dead_timeout = 60'000ms;  // the restart, not the heartbeat deadline, decides here
+  auto o = restart_options(/*sync=*/true);
   kvstore::scheduler sched(o);
   o.scheduler_port = sched.port();
   std::thread st([&] { sched.run(); });
@@ -96,23 +115,12 @@ TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is l
   std::atomic<bool> restarted{false};
   std::thread killer([&] {
     while (round < 40) std::this_thread::sleep_for(1ms);
-    kill(server, SIGKILL);  // mid-training, whatever is in flight
-    int status = 0;
-    waitpid(server, &status, 0);
-    std::this_thread::sleep_for(200ms);
-    server = spawn_server(o.scheduler_port, dir.p, 0);
+    server = kill_and_restart(server, o.scheduler_port, dir.p);  // mid-training, whatever is in flight
     restarted = true;
   });
 
   constexpr int rounds = 120;
-  struct joiner {
-    std::thread& t;
-    std::atomic<int>& r;
-    ~joiner() {
-      r = 1 << 20;  // let the killer go if the worker failed early
-      if (t.joinable()) t.join();
-    }
-  } join_killer{killer, round};
+  kvtest::join_on_exit<int> join_killer{killer, round, 1 << 20};  // lets the killer go if the worker failed early
   {
     auto w = o;
     w.rank_hint = 0;
@@ -150,10 +158,7 @@ TEST_CASE("dist_async: a push half applied when its server dies is applied exact
   // reading the file), before the big push completes: the restored server has half of that push,
   // the worker re-sends all of it, and only the other half may be applied.
   tmpdir dir;
-  auto o = kvtest::test_options(1, 1, /*sync=*/false);
-  o.server_restart_wait = 30'000ms;
-  o.request_timeout = 40'000ms;
-  o.dead_timeout = 60'000ms;
+  auto o = restart_options(/*sync=*/false);
   o.chunk_bytes = 16 << 10;
   kvstore::scheduler sched(o);
   o.scheduler_port = sched.port();
@@ -186,22 +191,11 @@ TEST_CASE("dist_async: a push half applied when its server dies is applied exact
       kill(server, SIGCONT);
       std::this_thread::sleep_for(1ms);
     }
-    kill(server, SIGKILL);  // stopped or not
-    int status = 0;
-    waitpid(server, &status, 0);
-    std::this_thread::sleep_for(200ms);
-    server = spawn_server(o.scheduler_port, dir.p, 0, nullptr, env);
+    server = kill_and_restart(server, o.scheduler_port, dir.p, env);
     restarted = true;
   });
 
-  struct joiner {
-    std::thread& t;
-    std::atomic<int>& r;
-    ~joiner() {
-      r = 1 << 20;
-      if (t.joinable()) t.join();
-    }
-  } join_killer{killer, round};
+  kvtest::join_on_exit<int> join_killer{killer, round, 1 << 20};
   {
     auto w = o;
     w.rank_hint = 0;
