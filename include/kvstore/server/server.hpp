@@ -473,7 +473,7 @@ class server final : public transport::frame_handler {
       return;
     }
     bool first = true;
-    if (s.take_async_frame(c.peer_rank, h.aux, first))
+    if (s.take_async_frame(c.peer_rank, h.aux, (h.flags & wire::flag_last) != 0, first))
       detail::with_dtype(s.type, [&]<class T>() {
         apply_range<T>(s, reinterpret_cast<const T*>(payload.data()), rel, n, /*new_step=*/first);
       });
@@ -536,7 +536,7 @@ class server final : public transport::frame_handler {
     }
     // Async: duplicates in one message are summed first, then each row applied.
     bool first = true;
-    if (s.take_async_frame(c.peer_rank, h.aux, first))
+    if (s.take_async_frame(c.peer_rank, h.aux, (h.flags & wire::flag_last) != 0, first))
       detail::with_dtype(s.type, [&]<class T>() {
         const T* src = reinterpret_cast<const T*>(payload.data());
         std::map<std::int64_t, std::vector<T>> sum;

@@ -116,12 +116,18 @@ struct key_slice : slice_header {
   };
   std::map<int, part> parts;
 
-  /// Whether to apply this frame of worker `rank`'s async push `seq` (0: not numbered, always
-  /// applied), and whether it is the push's first frame applied (one optimizer step per push).
-  bool take_async_frame(int rank, std::uint64_t seq, bool& first) {
+  /// Whether to apply this frame (`last`: flagged last) of worker `rank`'s async push `seq` (0:
+  /// not numbered, always applied), and whether it is the push's first frame applied (one
+  /// optimizer step per push). A push of one frame is applied at once, nothing tracked.
+  bool take_async_frame(int rank, std::uint64_t seq, bool last, bool& first) {
     first = true;
     if (seq == 0) return true;
-    auto& p = parts[rank];
+    auto it = parts.find(rank);
+    if (it == parts.end()) {
+      if (last) return true;
+      it = parts.emplace(rank, part{}).first;
+    }
+    auto& p = it->second;
     if (p.seq != seq) p = part{seq, 0, 0};
     if (++p.received <= p.applied) return false;  // re-sent: applied before the restart
     first = p.applied++ == 0;
