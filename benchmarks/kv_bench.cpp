@@ -55,7 +55,9 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using clk = std::chrono::steady_clock;
 
-double secs(clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double secs(clk::time_point a, clk::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // ---- configuration -----------------------------------------------------------------------
 
@@ -68,11 +70,11 @@ struct config {
   bool quick = false;
   int reps = 5;
   std::vector<size_case> sizes;
-  int latency_n = 3000;       // push+wait 4 KiB per repetition
-  int pingpong64_n = 5000;    // 64-byte ping-pongs per repetition
+  int latency_n = 3000;     // push+wait 4 KiB per repetition
+  int pingpong64_n = 5000;  // 64-byte ping-pongs per repetition
   std::size_t many_keys = 1000;
-  int many_rounds = 10;       // push-all-then-wait_all rounds per repetition
-  std::string only;           // --only: run only measurements whose name contains this
+  int many_rounds = 10;  // push-all-then-wait_all rounds per repetition
+  std::string only;      // --only: run only measurements whose name contains this
   // `only` is a comma-separated list of name parts.
   bool want(const std::string& name) const {
     if (only.empty()) return true;
@@ -110,7 +112,8 @@ struct sample {
   std::string name;
   int rep;
   double ops, bytes, secs;
-  double cpu = 0, csw = 0;  // the reporting process's CPU seconds (all threads) and context switches
+  double cpu = 0,
+         csw = 0;  // the reporting process's CPU seconds (all threads) and context switches
 };
 
 // CPU time and context switches of this process (all its threads) since the last mark().
@@ -137,8 +140,8 @@ sample with_usage(sample s) {
 
 std::string fmt_sample(const sample& s) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f %.6f %.0f\n", s.name.c_str(), s.rep, s.ops, s.bytes, s.secs,
-                s.cpu, s.csw);
+  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f %.6f %.0f\n", s.name.c_str(), s.rep, s.ops,
+                s.bytes, s.secs, s.cpu, s.csw);
   return buf;
 }
 
@@ -203,7 +206,8 @@ bool reap_children(std::chrono::seconds limit) {
       if (r == *it) {
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
           std::fprintf(stderr, "kv_bench: child %d ended with %s %d\n", static_cast<int>(*it),
-                       WIFEXITED(st) ? "status" : "signal", WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+                       WIFEXITED(st) ? "status" : "signal",
+                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
           ok = false;
         }
         it = left.erase(it);
@@ -240,7 +244,9 @@ std::string read_line(int fd, std::chrono::seconds limit) {
 // ---- the values pushed and what a pull must see -------------------------------------------
 
 // Worker w's value of key k: small integers, so sums over workers are exact in float.
-float value_of(int w, std::size_t k, std::size_t i) { return static_cast<float>((i + k) % 7 + static_cast<std::size_t>(w) + 1); }
+float value_of(int w, std::size_t k, std::size_t i) {
+  return static_cast<float>((i + k) % 7 + static_cast<std::size_t>(w) + 1);
+}
 float expected_sum(int workers, std::size_t k, std::size_t i) {
   float s = 0;
   for (int w = 0; w < workers; ++w) s += value_of(w, k, i);
@@ -278,7 +284,8 @@ kvstore::dist_options cluster_options(int workers, int servers) {
   o.barrier_timeout = std::chrono::milliseconds(60'000);
   o.dead_timeout = std::chrono::milliseconds(30'000);
   // KVSTORE_WAIT_SPIN_US=0 measures waits that sleep at once (see dist_options::wait_spin).
-  if (const char* v = std::getenv("KVSTORE_WAIT_SPIN_US")) o.wait_spin = std::chrono::microseconds(std::atoi(v));
+  if (const char* v = std::getenv("KVSTORE_WAIT_SPIN_US"))
+    o.wait_spin = std::chrono::microseconds(std::atoi(v));
   return o;
 }
 
@@ -295,8 +302,8 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
   auto check = [&](const std::vector<float>& got, std::size_t k, const char* what) {
     for (std::size_t i = 0; i < got.size(); ++i)
       if (got[i] != expected_sum(W, k, i)) {
-        std::fprintf(stderr, "kv_bench worker %d: %s of key %zu: element %zu is %g, expected %g\n", me, what, k, i,
-                     got[i], expected_sum(W, k, i));
+        std::fprintf(stderr, "kv_bench worker %d: %s of key %zu: element %zu is %g, expected %g\n",
+                     me, what, k, i, got[i], expected_sum(W, k, i));
         ++errors;
         return;
       }
@@ -325,26 +332,32 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
       const std::string tag = std::to_string(sc.bytes);
       bar.wait();
       auto a = mark();
-      for (int i = 0, e = cfg.n("push_" + tag, sc.push_n); i < e; ++i) kv.push(key, std::span<const float>(vals[s]));
+      for (int i = 0, e = cfg.n("push_" + tag, sc.push_n); i < e; ++i)
+        kv.push(key, std::span<const float>(vals[s]));
       kv.wait_all();
       auto b = clk::now();
-      report({"push_" + tag, rep, double(cfg.n("push_" + tag, sc.push_n)), double(sc.push_n) * double(sc.bytes), secs(a, b)});
+      report({"push_" + tag, rep, double(cfg.n("push_" + tag, sc.push_n)),
+              double(sc.push_n) * double(sc.bytes), secs(a, b)});
       bar.wait();
       std::fill(outs[s].begin(), outs[s].end(), -1.f);
       a = mark();
-      for (int i = 0, e = cfg.n("pull_" + tag, sc.pull_n); i < e; ++i) kv.pull(key, std::span<float>(outs[s]));
+      for (int i = 0, e = cfg.n("pull_" + tag, sc.pull_n); i < e; ++i)
+        kv.pull(key, std::span<float>(outs[s]));
       kv.wait_all();
       b = clk::now();
-      report({"pull_" + tag, rep, double(cfg.n("pull_" + tag, sc.pull_n)), double(sc.pull_n) * double(sc.bytes), secs(a, b)});
+      report({"pull_" + tag, rep, double(cfg.n("pull_" + tag, sc.pull_n)),
+              double(sc.pull_n) * double(sc.bytes), secs(a, b)});
       if (cfg.want("push_" + tag) && cfg.want("pull_" + tag)) check(outs[s], s, "pull");
     }
     // 4 KiB push, waiting for each (sizes[0] is 4 KiB).
     {
       bar.wait();
       auto a = mark();
-      for (int i = 0, e = cfg.n("pushwait_4096", cfg.latency_n); i < e; ++i) kv.push(0, std::span<const float>(vals[0])).wait();
+      for (int i = 0, e = cfg.n("pushwait_4096", cfg.latency_n); i < e; ++i)
+        kv.push(0, std::span<const float>(vals[0])).wait();
       auto b = clk::now();
-      report({"pushwait_4096", rep, double(cfg.n("pushwait_4096", cfg.latency_n)), double(cfg.latency_n) * 4096.0, secs(a, b)});
+      report({"pushwait_4096", rep, double(cfg.n("pushwait_4096", cfg.latency_n)),
+              double(cfg.latency_n) * 4096.0, secs(a, b)});
       bar.wait();  // the baseline's 64-byte ping-pong phase: nothing to do here
     }
     // Many keys in flight.
@@ -363,7 +376,8 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
   }
   // The many keys' values, checked once.
   std::vector<float> got(small);
-  for (std::size_t k = 0; cfg.want("many_4096") && k < cfg.many_keys; k += std::max<std::size_t>(1, cfg.many_keys / 10)) {
+  for (std::size_t k = 0; cfg.want("many_4096") && k < cfg.many_keys;
+       k += std::max<std::size_t>(1, cfg.many_keys / 10)) {
     kv.pull(static_cast<int>(100 + k), std::span<float>(got)).wait();
     check(got, 100 + k, "pull after many-key pushes");
   }
@@ -448,8 +462,10 @@ class base_session : public std::enable_shared_from_this<base_session> {
   }
   void payload_done() {
     in_payload_ = false;
-    if (cur_.op == 3) queue(cur_, store_.data(), cur_.len);  // ping: echo
-    else queue(bhdr{1, 0, 0}, nullptr, 0);                   // push: ack
+    if (cur_.op == 3)
+      queue(cur_, store_.data(), cur_.len);  // ping: echo
+    else
+      queue(bhdr{1, 0, 0}, nullptr, 0);  // push: ack
   }
   void queue(bhdr h, const char* p, std::size_t n) {
     out_.push_back({h, p, n});
@@ -468,11 +484,12 @@ class base_session : public std::enable_shared_from_this<base_session> {
       bufs_.emplace_back(&o.h, sizeof o.h);
       if (o.n) bufs_.emplace_back(o.p, o.n);
     }
-    asio::async_write(sock_, bufs_, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-      if (ec) return self->closed();
-      self->sending_.clear();
-      self->write_more();
-    });
+    asio::async_write(sock_, bufs_,
+                      [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                        if (ec) return self->closed();
+                        self->sending_.clear();
+                        self->write_more();
+                      });
   }
 
   struct outgoing {
@@ -523,7 +540,8 @@ int base_server(int fd, int clients, std::size_t max_bytes) {
 // the exactly known answer, all on one io_context (as a kvstore worker's single io thread).
 class base_client {
  public:
-  base_client(const std::vector<std::uint16_t>& ports, std::size_t max_bytes) : recv_(max_bytes + 64) {
+  base_client(const std::vector<std::uint16_t>& ports, std::size_t max_bytes)
+      : recv_(max_bytes + 64) {
     for (auto p : ports) {
       socks_.emplace_back(io_);
       socks_.back().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), p));
@@ -549,7 +567,8 @@ class base_client {
         auto& h = hdrs[static_cast<std::size_t>(p.server)];
         h.push_back(bhdr{op, 0, p.bytes});
         wbufs[static_cast<std::size_t>(p.server)].emplace_back(&h.back(), sizeof(bhdr));
-        if (op != 2 && p.bytes) wbufs[static_cast<std::size_t>(p.server)].emplace_back(send_.data(), p.bytes);
+        if (op != 2 && p.bytes)
+          wbufs[static_cast<std::size_t>(p.server)].emplace_back(send_.data(), p.bytes);
         expect[static_cast<std::size_t>(p.server)] += sizeof(bhdr) + (op == 1 ? 0 : p.bytes);
       }
     // The answers of one server land in recv_ (pull payloads overwrite each other: a sink, as a
@@ -558,12 +577,13 @@ class base_client {
     std::vector<std::size_t> got(S, 0);
     std::function<void(std::size_t)> read_some = [&](std::size_t s) {
       const std::size_t n = std::min(expect[s] - got[s], recv_.size());
-      asio::async_read(socks_[s], asio::buffer(recv_.data(), n), [&, s](boost::system::error_code ec, std::size_t k) {
-        if (ec) throw std::runtime_error("baseline read: " + ec.message());
-        got[s] += k;
-        if (got[s] < expect[s]) return read_some(s);
-        --pending;
-      });
+      asio::async_read(socks_[s], asio::buffer(recv_.data(), n),
+                       [&, s](boost::system::error_code ec, std::size_t k) {
+                         if (ec) throw std::runtime_error("baseline read: " + ec.message());
+                         got[s] += k;
+                         if (got[s] < expect[s]) return read_some(s);
+                         --pending;
+                       });
     };
     for (std::size_t s = 0; s < S; ++s) {
       if (!expect[s]) continue;
@@ -589,12 +609,14 @@ class base_client {
 std::vector<base_client::part> parts_of(std::uint64_t id, std::size_t bytes, int S) {
   const kvstore::dist_options o;
   std::vector<base_client::part> p;
-  for (auto& s : kvstore::detail::partition(id, bytes / sizeof(float), 0, sizeof(float), S, o.slice_bytes))
+  for (auto& s :
+       kvstore::detail::partition(id, bytes / sizeof(float), 0, sizeof(float), S, o.slice_bytes))
     p.push_back({s.server, (s.hi - s.lo) * sizeof(float)});
   return p;
 }
 
-int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& ports, int S, pipe_barrier bar) {
+int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& ports, int S,
+                pipe_barrier bar) {
   std::size_t max_bytes = 0;
   for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
   base_client cl(ports, max_bytes);
@@ -610,12 +632,14 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
       auto a = mark();
       for (int i = 0, e = cfg.n("push_" + tag, sc.push_n); i < e; ++i) cl.batch(1, parts, 1);
       auto b = clk::now();
-      report({"push_" + tag, rep, double(cfg.n("push_" + tag, sc.push_n)), double(sc.push_n) * double(sc.bytes), secs(a, b)});
+      report({"push_" + tag, rep, double(cfg.n("push_" + tag, sc.push_n)),
+              double(sc.push_n) * double(sc.bytes), secs(a, b)});
       bar.wait();
       a = mark();
       for (int i = 0, e = cfg.n("pull_" + tag, sc.pull_n); i < e; ++i) cl.batch(2, parts, 1);
       b = clk::now();
-      report({"pull_" + tag, rep, double(cfg.n("pull_" + tag, sc.pull_n)), double(sc.pull_n) * double(sc.bytes), secs(a, b)});
+      report({"pull_" + tag, rep, double(cfg.n("pull_" + tag, sc.pull_n)),
+              double(sc.pull_n) * double(sc.bytes), secs(a, b)});
     }
     {
       const auto parts = parts_of(0, 4096, S);
@@ -623,14 +647,16 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
       auto a = mark();
       for (int i = 0, e = cfg.n("pushwait_4096", cfg.latency_n); i < e; ++i) cl.batch(1, parts, 1);
       auto b = clk::now();
-      report({"pushwait_4096", rep, double(cfg.n("pushwait_4096", cfg.latency_n)), double(cfg.latency_n) * 4096.0, secs(a, b)});
+      report({"pushwait_4096", rep, double(cfg.n("pushwait_4096", cfg.latency_n)),
+              double(cfg.latency_n) * 4096.0, secs(a, b)});
       // 64-byte ping-pong with the key's server.
       const std::vector<base_client::part> pp{{parts.front().server, 64}};
       bar.wait();
       a = mark();
       for (int i = 0, e = cfg.n("pingpong_64", cfg.pingpong64_n); i < e; ++i) cl.batch(3, pp, 1);
       b = clk::now();
-      report({"pingpong_64", rep, double(cfg.n("pingpong_64", cfg.pingpong64_n)), double(cfg.pingpong64_n) * 64.0, secs(a, b)});
+      report({"pingpong_64", rep, double(cfg.n("pingpong_64", cfg.pingpong64_n)),
+              double(cfg.pingpong64_n) * 64.0, secs(a, b)});
     }
     {
       // Many keys: each key's 4 KiB to its server, all written back to back.
@@ -652,8 +678,8 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
 
 // Starts both clusters with W workers (or clients) and S servers, runs their phases in turn and
 // collects the samples. Every child is reaped (or killed) before this returns.
-bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out, std::vector<sample>& base_out,
-               bool with_kv, bool with_raw) {
+bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
+               std::vector<sample>& base_out, bool with_kv, bool with_raw) {
   std::size_t max_bytes = 0;
   for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
   auto o = cluster_options(W, S);
@@ -746,7 +772,8 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out, std
     if (::poll(pfds.data(), pfds.size(), 500) <= 0) continue;
     for (auto& p : pfds) {
       if (!(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      auto& m = *std::find_if(ms.begin(), ms.end(), [&](auto& x) { return x.res == p.fd && !x.closed; });
+      auto& m =
+          *std::find_if(ms.begin(), ms.end(), [&](auto& x) { return x.res == p.fd && !x.closed; });
       char buf[4096];
       ssize_t n = ::read(p.fd, buf, sizeof buf);
       if (n <= 0) {
@@ -767,7 +794,8 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out, std
           is >> smp.name >> smp.rep >> smp.ops >> smp.bytes >> smp.secs >> smp.cpu >> smp.csw;
           (m.group == 0 ? kv_out : base_out).push_back(smp);
         } else if (l.rfind("E ", 0) == 0) {
-          std::fprintf(stderr, "kv_bench: %s %dx%d: %s\n", m.group == 0 ? "kvstore" : "baseline", W, S, l.c_str() + 2);
+          std::fprintf(stderr, "kv_bench: %s %dx%d: %s\n", m.group == 0 ? "kvstore" : "baseline", W,
+                       S, l.c_str() + 2);
           ok = false;
         }
       }
@@ -851,15 +879,22 @@ int main(int argc, char** argv) {
   int reps = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--quick") quick = true;
-    else if (a == "--json" && i + 1 < argc) json = argv[++i];
-    else if (a == "--only" && i + 1 < argc) only = argv[++i];
-    else if (a == "--setup" && i + 1 < argc) setups = argv[++i];
-    else if (a == "--side" && i + 1 < argc) side = argv[++i];
-    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    if (a == "--quick")
+      quick = true;
+    else if (a == "--json" && i + 1 < argc)
+      json = argv[++i];
+    else if (a == "--only" && i + 1 < argc)
+      only = argv[++i];
+    else if (a == "--setup" && i + 1 < argc)
+      setups = argv[++i];
+    else if (a == "--side" && i + 1 < argc)
+      side = argv[++i];
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr,
-                   "usage: kv_bench [--quick] [--json FILE]   (for profiling: [--only NAME_PART[,NAME_PART...]]\n"
+                   "usage: kv_bench [--quick] [--json FILE]   (for profiling: [--only "
+                   "NAME_PART[,NAME_PART...]]\n"
                    "       [--setup 1x1|2x2|1x1,2x2] [--side both|kv|raw] [--reps N])\n");
       return 2;
     }
@@ -868,13 +903,14 @@ int main(int argc, char** argv) {
   config cfg = make_config(quick);
   cfg.only = only;
   if (reps) cfg.reps = reps;
-  std::printf("kv_bench%s: KVStore<dist> (dist_sync, float, no optimizer) vs raw Asio TCP on 127.0.0.1;\n"
-              "  real processes: scheduler, servers and workers (one process each) forked from here;\n"
-              "  baseline: server and client processes, same bytes to the same servers, same pattern.\n"
-              "  median of %d repetitions; GB/s = payload bytes / time (1e9 B/s), summed over workers;\n"
-              "  cpu = CPU us per op of the worker (client) processes, all threads; cs = their context\n"
-              "  switches per op (servers not included).\n",
-              quick ? " --quick (tiny, targets not judged)" : "", cfg.reps);
+  std::printf(
+      "kv_bench%s: KVStore<dist> (dist_sync, float, no optimizer) vs raw Asio TCP on 127.0.0.1;\n"
+      "  real processes: scheduler, servers and workers (one process each) forked from here;\n"
+      "  baseline: server and client processes, same bytes to the same servers, same pattern.\n"
+      "  median of %d repetitions; GB/s = payload bytes / time (1e9 B/s), summed over workers;\n"
+      "  cpu = CPU us per op of the worker (client) processes, all threads; cs = their context\n"
+      "  switches per op (servers not included).\n",
+      quick ? " --quick (tiny, targets not judged)" : "", cfg.reps);
   std::fflush(stdout);
 
   std::vector<result> results;
@@ -884,7 +920,8 @@ int main(int argc, char** argv) {
   };
   std::map<std::string, figure> target_figs;
   for (setup st : {setup{1, 1}, setup{2, 2}}) {
-    if (setups.find(std::to_string(st.W) + "x" + std::to_string(st.S)) == std::string::npos) continue;
+    if (setups.find(std::to_string(st.W) + "x" + std::to_string(st.S)) == std::string::npos)
+      continue;
     std::vector<sample> kvs, base;
     try {
       ok = run_setup(cfg, st.W, st.S, kvs, base, side != "raw", side != "kv") && ok;
@@ -894,22 +931,25 @@ int main(int argc, char** argv) {
       ok = false;
     }
     const std::string cl = std::to_string(st.W) + "x" + std::to_string(st.S);
-    std::printf("\n%d worker%s x %d server%s (workers: %d process%s)\n", st.W, st.W > 1 ? "s" : "", st.S,
-                st.S > 1 ? "s" : "", st.W, st.W > 1 ? "es" : "");
-    std::printf("  %-8s %-26s %12s %8s %12s %8s %6s | %8s %8s %6s %6s\n", "size", "pattern", "kvstore op/s", "GB/s",
-                "raw TCP op/s", "GB/s", "ratio", "kv cpu", "raw cpu", "kv cs", "raw cs");
+    std::printf("\n%d worker%s x %d server%s (workers: %d process%s)\n", st.W, st.W > 1 ? "s" : "",
+                st.S, st.S > 1 ? "s" : "", st.W, st.W > 1 ? "es" : "");
+    std::printf("  %-8s %-26s %12s %8s %12s %8s %6s | %8s %8s %6s %6s\n", "size", "pattern",
+                "kvstore op/s", "GB/s", "raw TCP op/s", "GB/s", "ratio", "kv cpu", "raw cpu",
+                "kv cs", "raw cs");
     auto row = [&](const std::string& name, const std::string& size, const std::string& pattern,
                    const std::string& base_name) {
       figure k = aggregate(kvs, name), b = aggregate(base, base_name);
       if (!k.present && !b.present) return;
       const double ratio = b.present && b.ops_s > 0 ? k.ops_s / b.ops_s : -1;
-      std::printf("  %-8s %-26s %12.0f %8.3f %12.0f %8.3f %6.3f | %8.1f %8.1f %6.2f %6.2f\n", size.c_str(),
-                  pattern.c_str(), k.ops_s, k.gb_s, b.ops_s, b.gb_s, ratio, k.cpu_us_op, b.cpu_us_op, k.csw_op,
-                  b.csw_op);
+      std::printf("  %-8s %-26s %12.0f %8.3f %12.0f %8.3f %6.3f | %8.1f %8.1f %6.2f %6.2f\n",
+                  size.c_str(), pattern.c_str(), k.ops_s, k.gb_s, b.ops_s, b.gb_s, ratio,
+                  k.cpu_us_op, b.cpu_us_op, k.csw_op, b.csw_op);
       const bool big = name.rfind("push_", 0) == 0 || name.rfind("pull_", 0) == 0;
       if (big)
-        results.push_back({"kv_" + cl + "_" + name + "_GBps", k.gb_s, "GB/s", b.present ? b.gb_s : -1, ratio});
-      results.push_back({"kv_" + cl + "_" + name + "_ops", k.ops_s, "ops/s", b.present ? b.ops_s : -1, ratio});
+        results.push_back(
+            {"kv_" + cl + "_" + name + "_GBps", k.gb_s, "GB/s", b.present ? b.gb_s : -1, ratio});
+      results.push_back(
+          {"kv_" + cl + "_" + name + "_ops", k.ops_s, "ops/s", b.present ? b.ops_s : -1, ratio});
       target_figs[cl + name] = k;
       target_figs[cl + name + "#base"] = b;
     };
@@ -919,12 +959,14 @@ int main(int argc, char** argv) {
       row("pull_" + tag, human(sc.bytes), "pull (1 key, back to back)", "pull_" + tag);
     }
     row("pushwait_4096", "4 KiB", "push+wait", "pushwait_4096");
-    row("many_4096", "4 KiB", "push " + std::to_string(cfg.many_keys) + " keys, wait_all", "many_4096");
+    row("many_4096", "4 KiB", "push " + std::to_string(cfg.many_keys) + " keys, wait_all",
+        "many_4096");
     figure pp = aggregate(base, "pingpong_64");
     if (pp.present) {
-      std::printf("  %-8s %-26s %12s %8s %12.0f %8s %6s | %8s %8.1f %6s %6.2f  (%.1f us round trip)\n", "64 B",
-                  "raw ping-pong (reference)", "-", "-", pp.ops_s, "-", "-", "-", pp.cpu_us_op, "-", pp.csw_op,
-                  1e6 / pp.ops_s * st.W);
+      std::printf(
+          "  %-8s %-26s %12s %8s %12.0f %8s %6s | %8s %8.1f %6s %6.2f  (%.1f us round trip)\n",
+          "64 B", "raw ping-pong (reference)", "-", "-", pp.ops_s, "-", "-", "-", pp.cpu_us_op, "-",
+          pp.csw_op, 1e6 / pp.ops_s * st.W);
       results.push_back({"raw_" + cl + "_pingpong_64_ops", pp.ops_s, "ops/s", -1, -1});
       target_figs[cl + "pingpong"] = pp;
     }
@@ -932,25 +974,34 @@ int main(int argc, char** argv) {
   }
 
   // Targets (issue 3), judged on the 1x1 figures.
-  std::printf("\nTargets (issue 3, 1 worker x 1 server)%s:\n", quick ? " -- not judged in --quick" : "");
+  std::printf("\nTargets (issue 3, 1 worker x 1 server)%s:\n",
+              quick ? " -- not judged in --quick" : "");
   auto judge = [&](const std::string& what, double v, double ref, double want, const char* unit) {
     if (quick) return;
-    if (v <= 0 || ref == 0) return std::printf("  %-44s not measured in this run\n", what.c_str()), void();
+    if (v <= 0 || ref == 0)
+      return std::printf("  %-44s not measured in this run\n", what.c_str()), void();
     const bool met = ref > 0 ? v / ref >= want : v > want;
     if (ref > 0)
-      std::printf("  %-44s %.3f x (%.4g vs %.4g %s), want >= %.2f x: %s\n", what.c_str(), v / ref, v, ref, unit, want,
-                  met ? "met" : "NOT met");
+      std::printf("  %-44s %.3f x (%.4g vs %.4g %s), want >= %.2f x: %s\n", what.c_str(), v / ref,
+                  v, ref, unit, want, met ? "met" : "NOT met");
     else
-      std::printf("  %-44s %.4g %s, want > %.4g: %s\n", what.c_str(), v, unit, want, met ? "met" : "NOT met");
+      std::printf("  %-44s %.4g %s, want > %.4g: %s\n", what.c_str(), v, unit, want,
+                  met ? "met" : "NOT met");
   };
   if (!quick) {
     const std::string big = std::to_string(64 << 20);
     auto f = [&](const std::string& k) { return target_figs.count(k) ? target_figs[k].gb_s : 0.0; };
-    auto o = [&](const std::string& k) { return target_figs.count(k) ? target_figs[k].ops_s : 0.0; };
-    judge("64 MiB push vs raw TCP", f("1x1push_" + big), f("1x1push_" + big + "#base"), 0.9, "GB/s");
-    judge("64 MiB pull vs raw TCP", f("1x1pull_" + big), f("1x1pull_" + big + "#base"), 0.9, "GB/s");
-    judge("4 KiB push+wait vs raw 64 B ping-pong", o("1x1pushwait_4096"), o("1x1pingpong"), 0.8, "ops/s");
-    judge("4 KiB push+wait vs raw 4 KiB push+ack", o("1x1pushwait_4096"), o("1x1pushwait_4096#base"), 0.8, "ops/s");
+    auto o = [&](const std::string& k) {
+      return target_figs.count(k) ? target_figs[k].ops_s : 0.0;
+    };
+    judge("64 MiB push vs raw TCP", f("1x1push_" + big), f("1x1push_" + big + "#base"), 0.9,
+          "GB/s");
+    judge("64 MiB pull vs raw TCP", f("1x1pull_" + big), f("1x1pull_" + big + "#base"), 0.9,
+          "GB/s");
+    judge("4 KiB push+wait vs raw 64 B ping-pong", o("1x1pushwait_4096"), o("1x1pingpong"), 0.8,
+          "ops/s");
+    judge("4 KiB push+wait vs raw 4 KiB push+ack", o("1x1pushwait_4096"),
+          o("1x1pushwait_4096#base"), 0.8, "ops/s");
     judge("4 KiB pushes, 1000 keys in flight", o("1x1many_4096"), -1, 100000, "ops/s");
   }
 
@@ -962,11 +1013,13 @@ int main(int argc, char** argv) {
       char buf[512];
       if (r.baseline >= 0)
         std::snprintf(buf, sizeof buf,
-                      "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": %.6g, \"ratio\": %.4f}",
+                      "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": %.6g, "
+                      "\"ratio\": %.4f}",
                       r.name.c_str(), r.value, r.unit.c_str(), r.baseline, r.ratio);
       else
         std::snprintf(buf, sizeof buf,
-                      "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": null, \"ratio\": null}",
+                      "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": null, "
+                      "\"ratio\": null}",
                       r.name.c_str(), r.value, r.unit.c_str());
       f << buf << (i + 1 < results.size() ? ",\n" : "\n");
     }

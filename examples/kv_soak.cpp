@@ -54,12 +54,14 @@ struct args {
 };
 
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "kv_soak: %s\nusage: kv_soak --seconds S [--workers W] [--servers N] [--keys K] [--sync | --async]\n"
-               "  runs a dist_sync and a dist_async job side by side (or only one) for S seconds,\n"
-               "  W worker threads and N server processes each, over K keys; checks every value and\n"
-               "  that the servers' resident memory stays flat.\n",
-               why);
+  std::fprintf(
+      stderr,
+      "kv_soak: %s\nusage: kv_soak --seconds S [--workers W] [--servers N] [--keys K] [--sync | "
+      "--async]\n"
+      "  runs a dist_sync and a dist_async job side by side (or only one) for S seconds,\n"
+      "  W worker threads and N server processes each, over K keys; checks every value and\n"
+      "  that the servers' resident memory stays flat.\n",
+      why);
   std::exit(3);
 }
 
@@ -74,7 +76,10 @@ std::uint64_t h4(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_
 }
 // The increment worker w pushes to row `row` of key k at step s: an integer in [-3, 3].
 float grad(int w, std::uint64_t s, int k, std::size_t row) {
-  return static_cast<float>(static_cast<int>(h4(static_cast<std::uint64_t>(w), s, static_cast<std::uint64_t>(k), row) % 7) - 3);
+  return static_cast<float>(
+      static_cast<int>(h4(static_cast<std::uint64_t>(w), s, static_cast<std::uint64_t>(k), row) %
+                       7) -
+      3);
 }
 
 struct key_shape {
@@ -82,11 +87,14 @@ struct key_shape {
 };
 key_shape shape_of(int k) {
   if (k == 7) return {600, 512};  // 1.2 MB: sliced over every server
-  static const key_shape shapes[] = {{1, 16}, {4, 64}, {16, 128}, {64, 64}, {8, 512}, {128, 32}, {2, 1000}, {32, 256}};
+  static const key_shape shapes[] = {{1, 16},  {4, 64},   {16, 128}, {64, 64},
+                                     {8, 512}, {128, 32}, {2, 1000}, {32, 256}};
   return shapes[k % 8];
 }
 std::string key_name(int k) { return "soak." + std::to_string(k); }
-float initial(int k, std::size_t row) { return static_cast<float>((static_cast<std::size_t>(k) + row) % 5); }
+float initial(int k, std::size_t row) {
+  return static_cast<float>((static_cast<std::size_t>(k) + row) % 5);
+}
 
 // Distinct rows for worker w at step s of key k (1..8 of them).
 std::vector<std::int64_t> rows_for(int w, std::uint64_t s, int k, std::size_t rows) {
@@ -171,14 +179,16 @@ struct job {
     });
     const std::string self = "/proc/self/exe";
     for (int s = 0; s < a.servers; ++s) {
-      std::vector<std::string> env = {"KVSTORE_ROLE=server",
-                                      "KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(opts.scheduler_port),
-                                      "KVSTORE_NUM_WORKERS=" + std::to_string(a.workers),
-                                      "KVSTORE_NUM_SERVERS=" + std::to_string(a.servers),
-                                      "KVSTORE_TYPE=" + name,
-                                      "KVSTORE_RANK=" + std::to_string(s)};
+      std::vector<std::string> env = {
+          "KVSTORE_ROLE=server",
+          "KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(opts.scheduler_port),
+          "KVSTORE_NUM_WORKERS=" + std::to_string(a.workers),
+          "KVSTORE_NUM_SERVERS=" + std::to_string(a.servers),
+          "KVSTORE_TYPE=" + name,
+          "KVSTORE_RANK=" + std::to_string(s)};
       for (char** e = environ; *e; ++e)
-        if (std::strncmp(*e, "KVSTORE_", 8) != 0 && std::strncmp(*e, "DMLC_", 5) != 0) env.emplace_back(*e);
+        if (std::strncmp(*e, "KVSTORE_", 8) != 0 && std::strncmp(*e, "DMLC_", 5) != 0)
+          env.emplace_back(*e);
       std::vector<char*> envp;
       for (auto& x : env) envp.push_back(x.data());
       envp.push_back(nullptr);
@@ -215,7 +225,8 @@ struct job {
 
   static std::vector<std::vector<double>> zero_model(int keys) {
     std::vector<std::vector<double>> v(static_cast<std::size_t>(keys));
-    for (int k = 0; k < keys; ++k) v[static_cast<std::size_t>(k)].assign(shape_of(k).rows * shape_of(k).len, 0.0);
+    for (int k = 0; k < keys; ++k)
+      v[static_cast<std::size_t>(k)].assign(shape_of(k).rows * shape_of(k).len, 0.0);
     return v;
   }
 
@@ -227,7 +238,8 @@ struct job {
       for (int k = 0; k < a.keys; ++k) {
         const auto sh = shape_of(k);
         std::vector<float> v(sh.rows * sh.len);
-        for (std::size_t r = 0; r < sh.rows; ++r) std::fill_n(v.begin() + static_cast<std::ptrdiff_t>(r * sh.len), sh.len, initial(k, r));
+        for (std::size_t r = 0; r < sh.rows; ++r)
+          std::fill_n(v.begin() + static_cast<std::ptrdiff_t>(r * sh.len), sh.len, initial(k, r));
         kv.init(key_name(k), v, sh.len);
       }
       kv.set_optimizer(kvstore::optim::sgd{.learning_rate = -1.0});
@@ -250,7 +262,8 @@ struct job {
 
   // dist_sync: step s pushes the same keys from every worker (chosen by s), each worker its own
   // values; after the round every worker checks its pulls against the replica `model`.
-  void run_sync(KVStore<dist>& kv, int w, clk::time_point end, std::vector<std::vector<double>>& model) {
+  void run_sync(KVStore<dist>& kv, int w, clk::time_point end,
+                std::vector<std::vector<double>>& model) {
     for (long s = 0;; ++s) {
       if (clk::now() >= end) {
         long none = LONG_MAX;
@@ -278,13 +291,17 @@ struct job {
         chosen.emplace_back(k, dense);
         if (dense) {
           auto& g = bufs.emplace_back(sh.rows * sh.len);
-          for (std::size_t r = 0; r < sh.rows; ++r) std::fill_n(g.begin() + static_cast<std::ptrdiff_t>(r * sh.len), sh.len, grad(w, static_cast<std::uint64_t>(s), k, r));
+          for (std::size_t r = 0; r < sh.rows; ++r)
+            std::fill_n(g.begin() + static_cast<std::ptrdiff_t>(r * sh.len), sh.len,
+                        grad(w, static_cast<std::uint64_t>(s), k, r));
           kv.push(key_name(k), g);
         } else {
           auto& rows = rowbufs.emplace_back(rows_for(w, static_cast<std::uint64_t>(s), k, sh.rows));
           auto& g = bufs.emplace_back(rows.size() * sh.len);
           for (std::size_t i = 0; i < rows.size(); ++i)
-            std::fill_n(g.begin() + static_cast<std::ptrdiff_t>(i * sh.len), sh.len, grad(w, static_cast<std::uint64_t>(s), k, static_cast<std::size_t>(rows[i])));
+            std::fill_n(
+                g.begin() + static_cast<std::ptrdiff_t>(i * sh.len), sh.len,
+                grad(w, static_cast<std::uint64_t>(s), k, static_cast<std::size_t>(rows[i])));
           kv.push_rows(key_name(k), rows, g);
         }
         ops.fetch_add(1, std::memory_order_relaxed);
@@ -302,8 +319,10 @@ struct job {
             }
           } else {
             for (auto r : rows_for(v, static_cast<std::uint64_t>(s), k, sh.rows)) {
-              const double g = grad(v, static_cast<std::uint64_t>(s), k, static_cast<std::size_t>(r));
-              for (std::size_t j = 0; j < sh.len; ++j) mk[static_cast<std::size_t>(r) * sh.len + j] += g;
+              const double g =
+                  grad(v, static_cast<std::uint64_t>(s), k, static_cast<std::size_t>(r));
+              for (std::size_t j = 0; j < sh.len; ++j)
+                mk[static_cast<std::size_t>(r) * sh.len + j] += g;
             }
           }
         }
@@ -329,18 +348,22 @@ struct job {
         const int k = chosen[i].first;
         const auto sh = shape_of(k);
         const auto& mk = model[static_cast<std::size_t>(k)];
-        auto want = [&](std::size_t row, std::size_t j) { return static_cast<float>(initial(k, row) + mk[row * sh.len + j]); };
+        auto want = [&](std::size_t row, std::size_t j) {
+          return static_cast<float>(initial(k, row) + mk[row * sh.len + j]);
+        };
         if (pulled_rows[i].empty()) {
           for (std::size_t e = 0; e < outs[i].size(); ++e)
             if (outs[i][e] != want(e / sh.len, e % sh.len))
-              throw std::runtime_error("step " + std::to_string(s) + ": " + key_name(k) + "[" + std::to_string(e) +
-                                       "] = " + std::to_string(outs[i][e]) + ", want " + std::to_string(want(e / sh.len, e % sh.len)));
+              throw std::runtime_error("step " + std::to_string(s) + ": " + key_name(k) + "[" +
+                                       std::to_string(e) + "] = " + std::to_string(outs[i][e]) +
+                                       ", want " + std::to_string(want(e / sh.len, e % sh.len)));
         } else {
           for (std::size_t q = 0; q < pulled_rows[i].size(); ++q)
             for (std::size_t j = 0; j < sh.len; ++j)
               if (outs[i][q * sh.len + j] != want(static_cast<std::size_t>(pulled_rows[i][q]), j))
-                throw std::runtime_error("step " + std::to_string(s) + ": row " + std::to_string(pulled_rows[i][q]) +
-                                         " of " + key_name(k) + " is wrong");
+                throw std::runtime_error("step " + std::to_string(s) + ": row " +
+                                         std::to_string(pulled_rows[i][q]) + " of " + key_name(k) +
+                                         " is wrong");
         }
       }
     }
@@ -348,7 +371,8 @@ struct job {
 
   // dist_async: random ops of this worker alone, a few in flight at a time; its pushes summed in
   // `mine` for the final check.
-  void run_async(KVStore<dist>& kv, int w, clk::time_point end, std::vector<std::vector<double>>& mine) {
+  void run_async(KVStore<dist>& kv, int w, clk::time_point end,
+                 std::vector<std::vector<double>>& mine) {
     std::uint64_t h = mix(static_cast<std::uint64_t>(w) + 4242);
     std::uint64_t it = 0;
     while (clk::now() < end && !failed) {
@@ -378,7 +402,8 @@ struct job {
             for (std::size_t i = 0; i < rows.size(); ++i) {
               const float x = grad(w, it, k, static_cast<std::size_t>(rows[i]));
               std::fill_n(g.begin() + static_cast<std::ptrdiff_t>(i * sh.len), sh.len, x);
-              for (std::size_t j = 0; j < sh.len; ++j) mk[static_cast<std::size_t>(rows[i]) * sh.len + j] += x;
+              for (std::size_t j = 0; j < sh.len; ++j)
+                mk[static_cast<std::size_t>(rows[i]) * sh.len + j] += x;
             }
             kv.push_rows(key_name(k), rows, g);
             break;
@@ -398,7 +423,8 @@ struct job {
       // A pulled value is a sum of small integers: it must be one.
       for (auto& b : bufs)
         for (float x : b)
-          if (x != static_cast<float>(static_cast<long>(x))) throw std::runtime_error("a pulled value is not an integer");
+          if (x != static_cast<float>(static_cast<long>(x)))
+            throw std::runtime_error("a pulled value is not an integer");
     }
     if (w == 0) steps = static_cast<long>(it);
   }
@@ -413,14 +439,15 @@ struct job {
       for (std::size_t e = 0; e < out.size(); ++e) {
         double want = initial(k, e / sh.len);
         if (sync)
-          want += delta[0][static_cast<std::size_t>(k)][e];  // rank 0's replica holds every worker's pushes
+          want += delta[0][static_cast<std::size_t>(k)]
+                       [e];  // rank 0's replica holds every worker's pushes
         else
           for (auto& d : delta) want += d[static_cast<std::size_t>(k)][e];
         ++checked;
         if (static_cast<double>(out[e]) != want) {
           if (wrong++ < 5)
-            std::fprintf(stderr, "kv_soak %s: %s[%zu] = %g, want %g\n", name.c_str(), key_name(k).c_str(), e,
-                         static_cast<double>(out[e]), want);
+            std::fprintf(stderr, "kv_soak %s: %s[%zu] = %g, want %g\n", name.c_str(),
+                         key_name(k).c_str(), e, static_cast<double>(out[e]), want);
         }
       }
     }
@@ -443,13 +470,15 @@ bool rss_flat(const std::vector<long>& kib, std::string& summary) {
   const std::size_t third = v.size() / 3;
   const long first = *std::max_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(third));
   const long last = *std::max_element(v.end() - static_cast<std::ptrdiff_t>(third), v.end());
-  const long lo = *std::min_element(kib.begin(), kib.end()), hi = *std::max_element(kib.begin(), kib.end());
+  const long lo = *std::min_element(kib.begin(), kib.end()),
+             hi = *std::max_element(kib.begin(), kib.end());
   const long allowed = std::max<long>(first / 10, 8 * 1024);
-  std::snprintf(line, sizeof line,
-                "%zu samples, min %.1f MiB, max %.1f MiB, first-third max %.1f MiB, last-third max %.1f MiB "
-                "(growth %+.1f MiB, allowed %.1f)",
-                kib.size(), lo / 1024.0, hi / 1024.0, first / 1024.0, last / 1024.0, (last - first) / 1024.0,
-                allowed / 1024.0);
+  std::snprintf(
+      line, sizeof line,
+      "%zu samples, min %.1f MiB, max %.1f MiB, first-third max %.1f MiB, last-third max %.1f MiB "
+      "(growth %+.1f MiB, allowed %.1f)",
+      kib.size(), lo / 1024.0, hi / 1024.0, first / 1024.0, last / 1024.0, (last - first) / 1024.0,
+      allowed / 1024.0);
   summary = line;
   return last - first <= allowed;
 }
@@ -476,34 +505,47 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) usage(("missing value for " + f).c_str());
       return argv[++i];
     };
-    if (f == "--seconds") a.seconds = std::atof(next());
-    else if (f == "--workers") a.workers = std::atoi(next());
-    else if (f == "--servers") a.servers = std::atoi(next());
-    else if (f == "--keys") a.keys = std::atoi(next());
-    else if (f == "--sync") a.async = false;
-    else if (f == "--async") a.sync = false;
-    else if (f == "-h" || f == "--help") usage("help");
-    else usage(("unknown argument " + f).c_str());
+    if (f == "--seconds")
+      a.seconds = std::atof(next());
+    else if (f == "--workers")
+      a.workers = std::atoi(next());
+    else if (f == "--servers")
+      a.servers = std::atoi(next());
+    else if (f == "--keys")
+      a.keys = std::atoi(next());
+    else if (f == "--sync")
+      a.async = false;
+    else if (f == "--async")
+      a.sync = false;
+    else if (f == "-h" || f == "--help")
+      usage("help");
+    else
+      usage(("unknown argument " + f).c_str());
   }
-  if (a.seconds <= 0 || a.workers < 1 || a.servers < 1 || a.keys < 1 || (!a.sync && !a.async)) usage("bad arguments");
+  if (a.seconds <= 0 || a.workers < 1 || a.servers < 1 || a.keys < 1 || (!a.sync && !a.async))
+    usage("bad arguments");
 
   std::vector<std::unique_ptr<job>> jobs;
   if (a.sync) jobs.push_back(std::make_unique<job>(a, true));
   if (a.async) jobs.push_back(std::make_unique<job>(a, false));
-  std::printf("kv_soak: %.0f s, %zu job(s) (%s), %d workers and %d server processes each, %d keys\n", a.seconds,
-              jobs.size(), a.sync && a.async ? "dist_sync + dist_async" : (a.sync ? "dist_sync" : "dist_async"),
-              a.workers, a.servers, a.keys);
+  std::printf(
+      "kv_soak: %.0f s, %zu job(s) (%s), %d workers and %d server processes each, %d keys\n",
+      a.seconds, jobs.size(),
+      a.sync && a.async ? "dist_sync + dist_async" : (a.sync ? "dist_sync" : "dist_async"),
+      a.workers, a.servers, a.keys);
   std::fflush(stdout);
 
   const auto start = clk::now();
-  const auto end = start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(a.seconds));
+  const auto end =
+      start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double>(a.seconds));
   std::atomic<bool> sampling{true};
   std::thread sampler([&] {
     auto next = clk::now();
     while (sampling) {
       for (auto& j : jobs) j->sample();
       next += std::chrono::seconds(1);
-      while (sampling && clk::now() < next) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      while (sampling && clk::now() < next)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   });
   std::vector<std::thread> threads;
@@ -530,12 +572,13 @@ int main(int argc, char** argv) {
     }
     const long ops = j->ops.load();
     total += ops;
-    std::printf("kv_soak %s: %ld ops in %.1f s = %.0f ops/s (%ld %s)\n", j->name.c_str(), ops, secs, ops / secs,
-                j->steps, j->sync ? "sync steps" : "async ops of worker 0");
+    std::printf("kv_soak %s: %ld ops in %.1f s = %.0f ops/s (%ld %s)\n", j->name.c_str(), ops, secs,
+                ops / secs, j->steps, j->sync ? "sync steps" : "async ops of worker 0");
     for (std::size_t s = 0; s < j->rss.size(); ++s) {
       std::string summary;
       const bool flat = rss_flat(j->rss[s], summary);
-      std::printf("kv_soak %s: server %zu RSS: %s%s\n", j->name.c_str(), s, summary.c_str(), flat ? "" : "  GROWING");
+      std::printf("kv_soak %s: server %zu RSS: %s%s\n", j->name.c_str(), s, summary.c_str(),
+                  flat ? "" : "  GROWING");
       if (!flat && rc == 0) rc = 2;
     }
     if (j->failed) {
@@ -544,6 +587,7 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("kv_soak: %ld ops in %.1f s = %.0f ops/s; %s\n", total, secs, total / secs,
-              rc == 0 ? "every value exact, memory flat" : (rc == 1 ? "WRONG VALUES OR FAILED OPS" : "MEMORY GREW"));
+              rc == 0 ? "every value exact, memory flat"
+                      : (rc == 1 ? "WRONG VALUES OR FAILED OPS" : "MEMORY GREW"));
   return rc;
 }

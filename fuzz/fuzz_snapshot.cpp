@@ -30,8 +30,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::string again = detail::encode_snapshot(s);
     std::uint32_t version = 0;  // accepted, so the header is whole: magic, then the version
     std::memcpy(&version, bytes.data() + sizeof detail::snapshot_magic, sizeof version);
-    if (version == detail::snapshot_version ? again != bytes
-                                            : detail::encode_snapshot(detail::decode_snapshot(again, "fuzz")) != again)
+    if (version == detail::snapshot_version
+            ? again != bytes
+            : detail::encode_snapshot(detail::decode_snapshot(again, "fuzz")) != again)
       std::abort();
   } catch (const error& e) {
     if (e.code() != make_error_code(errc::bad_file)) std::abort();

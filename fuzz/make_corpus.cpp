@@ -35,7 +35,9 @@ std::string frame(wire::header h, const std::string& meta = {}, const std::strin
   return std::string(reinterpret_cast<const char*>(b.data()), b.size()) + meta + payload;
 }
 
-std::string floats(std::vector<float> v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+std::string floats(std::vector<float> v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4);
+}
 
 wire::header hdr(wire::cmd c, std::uint64_t key = 0, std::uint64_t req = 0) {
   wire::header h;
@@ -46,7 +48,8 @@ wire::header hdr(wire::cmd c, std::uint64_t key = 0, std::uint64_t req = 0) {
 }
 
 std::string states_payload() {
-  std::string p = wire::encode_state_head(3, wire::dtype::f32, 0, 4, 4, 7, 1) + floats({1, 2, 3, 4});
+  std::string p =
+      wire::encode_state_head(3, wire::dtype::f32, 0, 4, 4, 7, 1) + floats({1, 2, 3, 4});
   p += wire::encode_state_head(5, wire::dtype::f64, 2, 3, 6, 1, 2) + std::string(16, '\x01');
   return p;
 }
@@ -77,7 +80,9 @@ void frames() {
 }
 
 void handshake() {
-  auto with = [](int mode, int how, const std::string& s) { return std::string{char(mode), char(how)} + s; };
+  auto with = [](int mode, int how, const std::string& s) {
+    return std::string{char(mode), char(how)} + s;
+  };
   // Pre-auth (mode 0): a wrong proof, a frame before the proof, an oversized proof, junk.
   put("handshake", "wrong-proof", with(0, 0, frame(hdr(wire::cmd::auth), std::string(32, 'x'))));
   put("handshake", "hello-first", with(0, 0, frame(hdr(wire::cmd::hello))));
@@ -101,14 +106,20 @@ void handshake() {
   wire::header big = hdr(wire::cmd::data, 3, 4);
   big.payload_len = 200000;
   auto bb = wire::encode(big);
-  put("handshake", "big-payload-cut", with(1, 1, std::string(reinterpret_cast<const char*>(bb.data()), bb.size()) + std::string(100, 'b')));
+  put("handshake", "big-payload-cut",
+      with(1, 1,
+           std::string(reinterpret_cast<const char*>(bb.data()), bb.size()) +
+               std::string(100, 'b')));
   // Connector (mode 2): the acceptor's challenge, then its answers.
   std::string c = frame(hdr(wire::cmd::challenge), std::string(32, 'n'));
   wire::header r = hdr(wire::cmd::response);
   r.status = static_cast<std::uint32_t>(errc::auth_failed);
-  put("handshake", "connector", with(2, 0, c + frame(hdr(wire::cmd::response, 0, 1), "ok") + frame(d, "", std::string(64, 'd'))));
+  put("handshake", "connector",
+      with(2, 0,
+           c + frame(hdr(wire::cmd::response, 0, 1), "ok") + frame(d, "", std::string(64, 'd'))));
   put("handshake", "connector-refused", with(2, 0, c + frame(r)));
-  put("handshake", "connector-short-nonce", with(2, 0, frame(hdr(wire::cmd::challenge), std::string(8, 'n'))));
+  put("handshake", "connector-short-nonce",
+      with(2, 0, frame(hdr(wire::cmd::challenge), std::string(8, 'n'))));
 }
 
 void messages() {
@@ -116,7 +127,8 @@ void messages() {
   const std::string reg = wire::encode_registration({role::server, 1, "10.0.0.2", 9092});
   put("messages", "registration", m(0, reg));
   put("messages", "registration-truncated", m(0, reg.substr(0, reg.size() - 3)));
-  put("messages", "registration-role", m(0, wire::encode_registration({role::scheduler, -1, "", 0})));
+  put("messages", "registration-role",
+      m(0, wire::encode_registration({role::scheduler, -1, "", 0})));
   wire::address_book book{2, {{0, 8, "10.0.0.2", 9092}, {1, 10, "", 9093}}};
   const std::string b = wire::encode_address_book(book);
   put("messages", "address-book", m(1, b));
@@ -130,7 +142,8 @@ void messages() {
   st2[44] = char(0xff);  // nslots
   put("messages", "states-slots", m(2, st2));
   put("messages", "init", m(3, wire::encode_init_meta({2, 4})));
-  put("messages", "optimizer", m(4, wire::encode_optimizer({"sgd", optim::make_updater<float>(optim::sgd{}).params})));
+  put("messages", "optimizer",
+      m(4, wire::encode_optimizer({"sgd", optim::make_updater<float>(optim::sgd{}).params})));
   const std::int64_t rows[] = {0, 2, -1};
   put("messages", "rows", m(5, wire::encode_rows(rows, 3)));
   put("messages", "reader", m(6, "\x1b" + reg));
@@ -188,19 +201,27 @@ void server_frames() {
   qrow.type = wire::dtype::f64;
   qrow.total = 6;
   const std::int64_t rows[] = {2, 0};
-  const std::string base = frame(init, meta, floats({1, 2, 3, 4})) + frame(push, "", floats({1, 1, 1, 1})) +
-                           frame(pull);
+  const std::string base =
+      frame(init, meta, floats({1, 2, 3, 4})) + frame(push, "", floats({1, 1, 1, 1})) + frame(pull);
   put("server", "init-push-pull", std::string(1, '\4') + base);
-  put("server", "async", std::string(1, '\5') + base + frame(push, "", floats({1, 1, 1, 1})) + frame(pull));
-  put("server", "rows", std::string(1, '\4') + frame(rinit, wire::encode_init_meta({0, 6}), std::string(48, '\0')) +
-                            frame(prow, wire::encode_rows(rows, 2), std::string(32, '\1')) +
-                            frame(qrow, wire::encode_rows(rows, 2)));
-  const std::string opt = wire::encode_optimizer({"sgd", optim::make_updater<float>(optim::sgd{}).params});
+  put("server", "async",
+      std::string(1, '\5') + base + frame(push, "", floats({1, 1, 1, 1})) + frame(pull));
+  put("server", "rows",
+      std::string(1, '\4') + frame(rinit, wire::encode_init_meta({0, 6}), std::string(48, '\0')) +
+          frame(prow, wire::encode_rows(rows, 2), std::string(32, '\1')) +
+          frame(qrow, wire::encode_rows(rows, 2)));
+  const std::string opt =
+      wire::encode_optimizer({"sgd", optim::make_updater<float>(optim::sgd{}).params});
   put("server", "optimizer-states",
-      std::string(1, '\5') + frame(init, meta, floats({1, 2, 3, 4})) + frame(hdr(wire::cmd::set_optimizer, 0, 7), opt) +
-          frame(push, "", floats({1, 1, 1, 1})) + frame(hdr(wire::cmd::save_states, 0, 8)) +
-          frame(hdr(wire::cmd::load_states, 0, 9), "", wire::encode_state_head(3, wire::dtype::f32, 0, 4, 4, 2, 1) + floats({0, 0, 0, 0})));
-  put("server", "two-workers", std::string(1, '\6') + base + frame(hdr(wire::cmd::leave, 0, 10)) + frame(hdr(wire::cmd::bye, 0, 11)));
+      std::string(1, '\5') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(hdr(wire::cmd::set_optimizer, 0, 7), opt) + frame(push, "", floats({1, 1, 1, 1})) +
+          frame(hdr(wire::cmd::save_states, 0, 8)) +
+          frame(
+              hdr(wire::cmd::load_states, 0, 9), "",
+              wire::encode_state_head(3, wire::dtype::f32, 0, 4, 4, 2, 1) + floats({0, 0, 0, 0})));
+  put("server", "two-workers",
+      std::string(1, '\6') + base + frame(hdr(wire::cmd::leave, 0, 10)) +
+          frame(hdr(wire::cmd::bye, 0, 11)));
   put("server", "no-hello", std::string(1, '\0') + base);
 }
 
@@ -227,7 +248,8 @@ void snapshots() {
   const std::size_t head = sizeof detail::snapshot_magic + 4 + 8 + 4;
   put("snapshot", "raw", std::string(1, '\0') + file);
   put("snapshot", "body", std::string(1, '\1') + file.substr(head));
-  put("snapshot", "empty", std::string(1, '\0') + detail::encode_snapshot(detail::shard_snapshot{}));
+  put("snapshot", "empty",
+      std::string(1, '\0') + detail::encode_snapshot(detail::shard_snapshot{}));
   put("snapshot", "truncated", std::string(1, '\0') + file.substr(0, file.size() - 9));
 }
 

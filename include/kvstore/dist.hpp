@@ -42,13 +42,15 @@ struct dist_key {
   std::vector<slice_ref> slices;
   /// Numbers this worker's pushes of the key (1, 2, ...), so a server restored from a snapshot
   /// applies a re-sent push exactly once.
-  std::shared_ptr<std::atomic<std::uint64_t>> pushes = std::make_shared<std::atomic<std::uint64_t>>(0);
+  std::shared_ptr<std::atomic<std::uint64_t>> pushes =
+      std::make_shared<std::atomic<std::uint64_t>>(0);
   std::uint64_t rows() const { return row_length ? total / row_length : 0; }
 };
 
 /// Completes `done` once `n` parts completed; the first error wins.
 struct countdown {
-  countdown(std::size_t n, std::function<void(std::exception_ptr)> d) : left(n), done(std::move(d)) {}
+  countdown(std::size_t n, std::function<void(std::exception_ptr)> d)
+      : left(n), done(std::move(d)) {}
   std::atomic<std::size_t> left;
   std::mutex m;
   std::exception_ptr first;
@@ -142,14 +144,16 @@ class KVStore<dist, T> {
   void init(std::span<const key> ks, std::span<const std::span<const T>> values) {
     if (ks.size() != values.size())
       throw error(errc::invalid_argument, "kvstore: init of " + std::to_string(ks.size()) +
-                                              " keys with " + std::to_string(values.size()) + " values");
+                                              " keys with " + std::to_string(values.size()) +
+                                              " values");
     for (std::size_t i = 0; i < ks.size(); ++i) init_one(ks[i], values[i], 0);
   }
 
   // ---- push / pull ---------------------------------------------------------------------------
   op push(key k, std::span<const T> value, int priority = 0) {
     auto m = find("push", k, value.size());
-    return submit(m, priority, [this, m, value, priority](auto done) { send_push(m, value, priority, done); });
+    return submit(m, priority,
+                  [this, m, value, priority](auto done) { send_push(m, value, priority, done); });
   }
   /// Several devices' values of one key: summed here first, so one message per key leaves.
   op push(key k, std::initializer_list<std::span<const T>> values, int priority = 0) {
@@ -162,7 +166,8 @@ class KVStore<dist, T> {
   op push(std::span<const key> ks, std::span<const std::span<const T>> values, int priority = 0) {
     if (ks.size() != values.size())
       throw error(errc::invalid_argument, "kvstore: push of " + std::to_string(ks.size()) +
-                                              " keys with " + std::to_string(values.size()) + " values");
+                                              " keys with " + std::to_string(values.size()) +
+                                              " values");
     auto groups = group_by_key("push", ks, values);
     auto st = new_state(groups.size());
     for (auto& [m, srcs] : groups) submit_summed(m, std::move(srcs), priority, st);
@@ -171,7 +176,8 @@ class KVStore<dist, T> {
 
   op pull(key k, std::span<T> out, int priority = 0) {
     auto m = find("pull", k, out.size());
-    return submit(m, priority, [this, m, out, priority](auto done) { send_pull(m, {out}, priority, done); });
+    return submit(m, priority,
+                  [this, m, out, priority](auto done) { send_pull(m, {out}, priority, done); });
   }
   /// Each output gets the value.
   op pull(key k, std::initializer_list<std::span<T>> outs, int priority = 0) {
@@ -179,16 +185,20 @@ class KVStore<dist, T> {
     std::vector<std::span<T>> o(outs.begin(), outs.end());
     auto m = find("pull", k, o.front().size());
     for (auto& x : o) check_size("pull", m, x.size());
-    return submit(m, priority, [this, m, o, priority](auto done) { send_pull(m, o, priority, done); });
+    return submit(m, priority,
+                  [this, m, o, priority](auto done) { send_pull(m, o, priority, done); });
   }
   op pull(std::span<const key> ks, std::span<const std::span<T>> outs, int priority = 0) {
     if (ks.size() != outs.size())
       throw error(errc::invalid_argument, "kvstore: pull of " + std::to_string(ks.size()) +
-                                              " keys into " + std::to_string(outs.size()) + " outputs");
+                                              " keys into " + std::to_string(outs.size()) +
+                                              " outputs");
     auto groups = group_by_key("pull", ks, outs);
     auto st = new_state(groups.size());
     for (auto& [m, o] : groups)
-      submit(m, priority, [this, m = m, o = o, priority](auto done) { send_pull(m, o, priority, done); }, st);
+      submit(
+          m, priority,
+          [this, m = m, o = o, priority](auto done) { send_pull(m, o, priority, done); }, st);
     return op(st);
   }
 
@@ -205,7 +215,8 @@ class KVStore<dist, T> {
   }
 
   // ---- rows ----------------------------------------------------------------------------------
-  op push_rows(key k, std::span<const std::int64_t> rows, std::span<const T> values, int priority = 0) {
+  op push_rows(key k, std::span<const std::int64_t> rows, std::span<const T> values,
+               int priority = 0) {
     auto m = find("push_rows", k, std::nullopt);
     check_rows("push_rows", m, rows, values.size());
     return submit(m, priority, [this, m, rows, values, priority](auto done) {
@@ -246,8 +257,7 @@ class KVStore<dist, T> {
     barrier();
   }
   template <class F>
-    requires(!optim::registered_optimizer<std::remove_cvref_t<F>>)
-  void set_optimizer(F&&) {
+  requires(!optim::registered_optimizer<std::remove_cvref_t<F>>) void set_optimizer(F&&) {
     static_assert(optim::registered_optimizer<std::remove_cvref_t<F>>,
                   "KVStore<dist>: an optimizer travels to the servers as a registered type and its "
                   "parameters, never as code: define a type with name, num_slots, update and "
@@ -261,30 +271,35 @@ class KVStore<dist, T> {
     std::map<std::uint64_t, optim::key_state<T>> states;
     auto keys = snapshot_keys();
     std::mutex m;
-    to_all_servers("save_optimizer_states", [] {
-      transport::out_frame f;
-      f.h.command = wire::cmd::save_states;
-      return f;
-    }, [&](const wire::header&, std::span<const std::byte> payload) {
-      std::lock_guard lk(m);
-      for (const auto& e : wire::decode_states({reinterpret_cast<const char*>(payload.data()), payload.size()})) {
-        const std::uint64_t k = e.key, lo = e.lo, hi = e.hi, total = e.total, step = e.step;
-        const auto t = e.type;
-        const std::uint32_t nslots = e.nslots;
-        auto it = keys.find(k);
-        if (t != dtype || it == keys.end() || it->second.total != total || hi > total || lo > hi ||
-            nslots > optim::max_slots)
-          throw error(errc::protocol, "save_optimizer_states: a server sent a state that matches no key");
-        auto& ks = states[k];
-        ks.name = it->second.k.name();
-        ks.st.step = std::max(ks.st.step, step);
-        if (ks.st.slots.size() < nslots) ks.st.slots.resize(nslots, std::vector<T>(total, T{}));
-        for (std::uint32_t s = 0; s < nslots; ++s) {
-          auto raw = e.slot(s);
-          std::memcpy(ks.st.slots[s].data() + lo, raw.data(), raw.size());
-        }
-      }
-    });
+    to_all_servers(
+        "save_optimizer_states",
+        [] {
+          transport::out_frame f;
+          f.h.command = wire::cmd::save_states;
+          return f;
+        },
+        [&](const wire::header&, std::span<const std::byte> payload) {
+          std::lock_guard lk(m);
+          for (const auto& e : wire::decode_states(
+                   {reinterpret_cast<const char*>(payload.data()), payload.size()})) {
+            const std::uint64_t k = e.key, lo = e.lo, hi = e.hi, total = e.total, step = e.step;
+            const auto t = e.type;
+            const std::uint32_t nslots = e.nslots;
+            auto it = keys.find(k);
+            if (t != dtype || it == keys.end() || it->second.total != total || hi > total ||
+                lo > hi || nslots > optim::max_slots)
+              throw error(errc::protocol,
+                          "save_optimizer_states: a server sent a state that matches no key");
+            auto& ks = states[k];
+            ks.name = it->second.k.name();
+            ks.st.step = std::max(ks.st.step, step);
+            if (ks.st.slots.size() < nslots) ks.st.slots.resize(nslots, std::vector<T>(total, T{}));
+            for (std::uint32_t s = 0; s < nslots; ++s) {
+              auto raw = e.slot(s);
+              std::memcpy(ks.st.slots[s].data() + lo, raw.data(), raw.size());
+            }
+          }
+        });
     optim::save_states<T>(path, impl_->opt_name, states);
   }
 
@@ -299,14 +314,21 @@ class KVStore<dist, T> {
       auto it = keys.find(id);
       const key shown = ks.name.empty() ? key(static_cast<std::int64_t>(id)) : key(ks.name);
       if (it == keys.end())
-        fail(errc::unknown_key, "load_optimizer_states", shown, "the file has a state for it, the store has no such key");
+        fail(errc::unknown_key, "load_optimizer_states", shown,
+             "the file has a state for it, the store has no such key");
       for (auto& sl : ks.st.slots)
         if (sl.size() != it->second.total)
-          fail(errc::size_mismatch, "load_optimizer_states", shown, "saved state does not match the key's size");
+          fail(errc::size_mismatch, "load_optimizer_states", shown,
+               "saved state does not match the key's size");
       for (auto& s : it->second.slices) {
         wire::meta_writer w;
-        w.u64(id).u32(static_cast<std::uint32_t>(dtype)).u64(s.lo).u64(s.hi).u64(it->second.total)
-            .u64(ks.st.step).u32(static_cast<std::uint32_t>(ks.st.slots.size()));
+        w.u64(id)
+            .u32(static_cast<std::uint32_t>(dtype))
+            .u64(s.lo)
+            .u64(s.hi)
+            .u64(it->second.total)
+            .u64(ks.st.step)
+            .u32(static_cast<std::uint32_t>(ks.st.slots.size()));
         auto& p = parts[static_cast<std::size_t>(s.server)];
         p += w.take();
         for (auto& sl : ks.st.slots)
@@ -335,7 +357,8 @@ class KVStore<dist, T> {
     detail::worker_client::request r;
     r.what = "barrier";
     r.timeout = impl_->opts.barrier_timeout;
-    impl_->client.call(detail::worker_client::to_scheduler, detail::worker_client::single(std::move(f)), std::move(r));
+    impl_->client.call(detail::worker_client::to_scheduler,
+                       detail::worker_client::single(std::move(f)), std::move(r));
   }
 
   /// MXNet's meaning: how many nodes of the groups in `node_id` (1 scheduler, 2 servers,
@@ -352,7 +375,8 @@ class KVStore<dist, T> {
     r.timeout = std::chrono::milliseconds(10'000);
     r.on_response = [&n](const wire::header& h, std::span<const std::byte>) { n = h.aux; };
     try {
-      impl_->client.call(detail::worker_client::to_scheduler, detail::worker_client::single(std::move(f)), std::move(r));
+      impl_->client.call(detail::worker_client::to_scheduler,
+                         detail::worker_client::single(std::move(f)), std::move(r));
     } catch (const error&) {
       // The scheduler cannot answer: it is dead; of the others we only know what we saw.
       return (node_id & detail::group_scheduler) ? 1 : 0;
@@ -391,7 +415,8 @@ class KVStore<dist, T> {
     f.h.command = wire::cmd::leave;
     detail::worker_client::request r;
     r.what = "leave";
-    impl_->client.call(detail::worker_client::to_scheduler, detail::worker_client::single(std::move(f)), std::move(r));
+    impl_->client.call(detail::worker_client::to_scheduler,
+                       detail::worker_client::single(std::move(f)), std::move(r));
   }
   /// True after leave().
   bool has_left() const noexcept { return impl_->left.load(); }
@@ -422,7 +447,8 @@ class KVStore<dist, T> {
           detail::worker_client::request r;
           r.what = "barrier before exit";
           r.timeout = opts.barrier_timeout;
-          client.call(detail::worker_client::to_scheduler, detail::worker_client::single(std::move(f)), std::move(r));
+          client.call(detail::worker_client::to_scheduler,
+                      detail::worker_client::single(std::move(f)), std::move(r));
         } catch (const std::exception& e) {
           detail::log_warn("worker", e.what());
         }
@@ -438,14 +464,16 @@ class KVStore<dist, T> {
     std::atomic<bool> left{false};
   };
 
-  [[noreturn]] static void fail(errc c, std::string_view call, const key& k, const std::string& problem) {
+  [[noreturn]] static void fail(errc c, std::string_view call, const key& k,
+                                const std::string& problem) {
     throw error(c, "kvstore: " + std::string(call) + " of key " + k.str() + ": " + problem);
   }
 
   // The buffers of a multi-key call grouped by key, in first-appearance order: a key named twice
   // gets both buffers in one group (summed for a push, each filled for a pull).
   template <class Span>
-  std::vector<detail::key_group<detail::dist_key, Span>> group_by_key(std::string_view call, std::span<const key> ks,
+  std::vector<detail::key_group<detail::dist_key, Span>> group_by_key(std::string_view call,
+                                                                      std::span<const key> ks,
                                                                       std::span<const Span> bufs) {
     return detail::group_by_key<detail::dist_key>(
         bufs, [&](std::size_t i) { return find(call, ks[i], bufs[i].size()); },
@@ -466,7 +494,8 @@ class KVStore<dist, T> {
       m = it->second;
     }
     if (m.k.is_named() != k.is_named() || m.k.name() != k.name())
-      fail(errc::invalid_argument, call, k, "its id " + std::to_string(k.id()) + " is already taken by key " + m.k.str());
+      fail(errc::invalid_argument, call, k,
+           "its id " + std::to_string(k.id()) + " is already taken by key " + m.k.str());
     if (n) check_size(call, m, *n);
     if (impl_->left && call.starts_with("push"))
       fail(errc::invalid_argument, call, k, "this worker left the sync group (leave())");
@@ -475,20 +504,24 @@ class KVStore<dist, T> {
   static void check_size(std::string_view call, const detail::dist_key& m, std::size_t n) {
     if (n != m.total)
       fail(errc::size_mismatch, call, m.k,
-           "size " + std::to_string(n) + " does not match the key's size " + std::to_string(m.total));
+           "size " + std::to_string(n) + " does not match the key's size " +
+               std::to_string(m.total));
   }
-  static void check_rows(std::string_view call, const detail::dist_key& m, std::span<const std::int64_t> rows,
-                         std::size_t n) {
-    if (!m.row_length) fail(errc::not_a_matrix, call, m.k, "it was inited without a row length, so it has no rows");
+  static void check_rows(std::string_view call, const detail::dist_key& m,
+                         std::span<const std::int64_t> rows, std::size_t n) {
+    if (!m.row_length)
+      fail(errc::not_a_matrix, call, m.k, "it was inited without a row length, so it has no rows");
     const auto nrows = static_cast<std::int64_t>(m.rows());
     for (auto r : rows)
       if (r < 0 || r >= nrows)
         fail(errc::row_out_of_range, call, m.k,
-             "row " + std::to_string(r) + " is out of range (the key has " + std::to_string(nrows) + " rows)");
+             "row " + std::to_string(r) + " is out of range (the key has " + std::to_string(nrows) +
+                 " rows)");
     if (n != rows.size() * m.row_length)
       fail(errc::invalid_argument, call, m.k,
            std::to_string(rows.size()) + " rows of " + std::to_string(m.row_length) + " need " +
-               std::to_string(rows.size() * m.row_length) + " elements, given " + std::to_string(n));
+               std::to_string(rows.size() * m.row_length) + " elements, given " +
+               std::to_string(n));
   }
 
   void init_one(key k, std::span<const T> value, std::uint64_t row_length) {
@@ -497,13 +530,15 @@ class KVStore<dist, T> {
     m.k = k;
     m.total = value.size();
     m.row_length = row_length;
-    m.slices = detail::partition(k.id(), m.total, row_length, sizeof(T), num_servers(), impl_->opts.slice_bytes);
+    m.slices = detail::partition(k.id(), m.total, row_length, sizeof(T), num_servers(),
+                                 impl_->opts.slice_bytes);
     {
       std::unique_lock lk(impl_->m);
       auto it = impl_->keys.find(k.id());
       if (it != impl_->keys.end()) {
         if (it->second.k.name() != k.name())
-          fail(errc::invalid_argument, "init", k, "its id is already taken by key " + it->second.k.str());
+          fail(errc::invalid_argument, "init", k,
+               "its id is already taken by key " + it->second.k.str());
         fail(errc::already_inited, "init", k, "inited twice");
       }
       impl_->keys.emplace(k.id(), m);
@@ -560,10 +595,13 @@ class KVStore<dist, T> {
     return st;
   }
 
-  std::size_t chunk_elems() const { return std::max<std::size_t>(1, impl_->opts.chunk_bytes / sizeof(T)); }
+  std::size_t chunk_elems() const {
+    return std::max<std::size_t>(1, impl_->opts.chunk_bytes / sizeof(T));
+  }
 
   template <class F>
-  op submit(const detail::dist_key& m, int priority, F&& f, std::shared_ptr<detail::op_state> st = nullptr) {
+  op submit(const detail::dist_key& m, int priority, F&& f,
+            std::shared_ptr<detail::op_state> st = nullptr) {
     const bool fresh = !st;
     if (!st) st = new_state(1);
     impl_->eng.submit(
@@ -577,13 +615,19 @@ class KVStore<dist, T> {
                    std::shared_ptr<detail::op_state> st = nullptr) {
     if (srcs.size() == 1) {
       auto v = srcs.front();
-      return submit(m, priority, [this, m, v, priority](auto done) { send_push(m, v, priority, done); }, st);
+      return submit(
+          m, priority, [this, m, v, priority](auto done) { send_push(m, v, priority, done); }, st);
     }
-    return submit(m, priority, [this, m, srcs = std::move(srcs), priority](auto done) {
-      auto sum = std::make_shared<std::vector<T>>(m.total);
-      reduce::sum_into<T>(std::span<T>(*sum), std::span<const std::span<const T>>(srcs));
-      send_push(m, std::span<const T>(*sum), priority, [sum, done](std::exception_ptr e) { done(e); }, sum);
-    }, st);
+    return submit(
+        m, priority,
+        [this, m, srcs = std::move(srcs), priority](auto done) {
+          auto sum = std::make_shared<std::vector<T>>(m.total);
+          reduce::sum_into<T>(std::span<T>(*sum), std::span<const std::span<const T>>(srcs));
+          send_push(
+              m, std::span<const T>(*sum), priority, [sum, done](std::exception_ptr e) { done(e); },
+              sum);
+        },
+        st);
   }
 
   template <class Done>
@@ -618,13 +662,16 @@ class KVStore<dist, T> {
   }
 
   template <class Done>
-  void send_pull(const detail::dist_key& m, std::vector<std::span<T>> outs, int priority, Done done) {
+  void send_pull(const detail::dist_key& m, std::vector<std::span<T>> outs, int priority,
+                 Done done) {
     auto first = outs.front();
-    auto cd = std::make_shared<detail::countdown>(m.slices.size(), [outs, done](std::exception_ptr e) {
-      if (!e)
-        for (std::size_t i = 1; i < outs.size(); ++i) std::copy(outs[0].begin(), outs[0].end(), outs[i].begin());
-      done(e);
-    });
+    auto cd =
+        std::make_shared<detail::countdown>(m.slices.size(), [outs, done](std::exception_ptr e) {
+          if (!e)
+            for (std::size_t i = 1; i < outs.size(); ++i)
+              std::copy(outs[0].begin(), outs[0].end(), outs[i].begin());
+          done(e);
+        });
     for (auto& s : m.slices) {
       transport::out_frame f;
       f.h.command = wire::cmd::pull;
@@ -650,8 +697,8 @@ class KVStore<dist, T> {
   }
 
   template <class Done>
-  void send_push_rows(const detail::dist_key& m, std::span<const std::int64_t> rows, std::span<const T> values,
-                      int priority, Done done) {
+  void send_push_rows(const detail::dist_key& m, std::span<const std::int64_t> rows,
+                      std::span<const T> values, int priority, Done done) {
     auto cd = std::make_shared<detail::countdown>(m.slices.size(), std::move(done));
     const std::uint64_t rl = m.row_length;
     const std::size_t per = std::max<std::size_t>(1, impl_->opts.chunk_bytes / (rl * sizeof(T)));
@@ -694,10 +741,11 @@ class KVStore<dist, T> {
   }
 
   template <class Done>
-  void send_pull_rows(const detail::dist_key& m, std::span<const std::int64_t> rows, std::span<T> out, int priority,
-                      Done done) {
+  void send_pull_rows(const detail::dist_key& m, std::span<const std::int64_t> rows,
+                      std::span<T> out, int priority, Done done) {
     const std::uint64_t rl = m.row_length;
-    std::vector<std::pair<const detail::slice_ref*, std::shared_ptr<std::vector<std::size_t>>>> asks;
+    std::vector<std::pair<const detail::slice_ref*, std::shared_ptr<std::vector<std::size_t>>>>
+        asks;
     for (auto& s : m.slices) {
       auto pos = std::make_shared<std::vector<std::size_t>>();
       for (std::size_t i = 0; i < rows.size(); ++i)
@@ -722,7 +770,8 @@ class KVStore<dist, T> {
       r.what = "pull_rows of key " + m.k.str();
       r.on_data = [pos, out, rl](const wire::header& h, std::span<const std::byte> payload) {
         const std::size_t n = payload.size() / (rl * sizeof(T));
-        if (h.offset > pos->size() || n > pos->size() - h.offset || payload.size() != n * rl * sizeof(T))
+        if (h.offset > pos->size() || n > pos->size() - h.offset ||
+            payload.size() != n * rl * sizeof(T))
           throw error(errc::protocol, "pull_rows answer does not match the request");
         const T* src = reinterpret_cast<const T*>(payload.data());
         for (std::size_t j = 0; j < n; ++j)
@@ -735,8 +784,9 @@ class KVStore<dist, T> {
 
   // Sends make() to every server and waits for all answers; on_response sees each answer.
   template <class Make>
-  void to_all_servers(std::string_view what, Make&& make,
-                      std::function<void(const wire::header&, std::span<const std::byte>)> on_response = {}) {
+  void to_all_servers(
+      std::string_view what, Make&& make,
+      std::function<void(const wire::header&, std::span<const std::byte>)> on_response = {}) {
     auto st = new_state(static_cast<std::size_t>(num_servers()));
     for (int s = 0; s < num_servers(); ++s) {
       detail::worker_client::request r;

@@ -36,7 +36,7 @@ class worker_client final : public transport::frame_handler {
   struct request {
     completion done;
     std::string what;
-    std::byte* out = nullptr;      // data frames at key element offset o land at out + o * elem
+    std::byte* out = nullptr;  // data frames at key element offset o land at out + o * elem
     std::size_t out_bytes = 0;
     std::size_t elem = 0;
     std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
@@ -50,7 +50,8 @@ class worker_client final : public transport::frame_handler {
 
   /// Joins the job: registers with the scheduler, waits for the address book, connects to every
   /// server. Throws kvstore::error naming what could not be reached within connect_timeout.
-  explicit worker_client(dist_options o) : opts_(std::move(o)), timer_(io_), work_(io_.get_executor()) {
+  explicit worker_client(dist_options o)
+      : opts_(std::move(o)), timer_(io_), work_(io_.get_executor()) {
     thread_ = std::thread([this] { io_.run(); });
     try {
       join();
@@ -95,7 +96,8 @@ class worker_client final : public transport::frame_handler {
         // Held for a re-send while a lost server may come back (and while it is away).
         if (to_server && opts_.server_restart_wait.count() > 0) r.frames = frames;
         pending_.emplace(id, std::move(r));
-        if (to_server) alone = servers_[static_cast<std::size_t>(peer)].in_flight++ == 0 && frames.size() == 1;
+        if (to_server)
+          alone = servers_[static_cast<std::size_t>(peer)].in_flight++ == 0 && frames.size() == 1;
         if (waiting) return;  // sent when the server is back
       }
     }
@@ -111,8 +113,10 @@ class worker_client final : public transport::frame_handler {
     std::promise<void> p;
     auto f = p.get_future();
     r.done = [&p](std::exception_ptr e) {
-      if (e) p.set_exception(e);
-      else p.set_value();
+      if (e)
+        p.set_exception(e);
+      else
+        p.set_value();
     };
     send(peer, std::move(frames), std::move(r));
     f.get();
@@ -156,17 +160,17 @@ class worker_client final : public transport::frame_handler {
     std::string host;
     std::uint16_t port = 0;
     std::shared_ptr<transport::connection> conn;
-    std::string down;  // non-empty once lost for good: why
+    std::string down;           // non-empty once lost for good: why
     std::size_t in_flight = 0;  // requests in pending_ for this server
-    bool waiting = false;  // lost, waiting up to server_restart_wait for it to come back
+    bool waiting = false;       // lost, waiting up to server_restart_wait for it to come back
     clock::time_point lost_at{};
     std::string lost_why;
   };
 
   // Opens the connection to server `s` (already connected socket) and says hello.
   void attach(server_ref& s, transport::tcp::socket sock) {
-    auto c = std::make_shared<transport::connection>(std::move(sock), *this, data_limits(), opts_.security(false),
-                                                     opts_.chunk_bytes);
+    auto c = std::make_shared<transport::connection>(std::move(sock), *this, data_limits(),
+                                                     opts_.security(false), opts_.chunk_bytes);
     c->peer_id = s.id;
     c->peer_rank = s.rank;
     c->peer_role = static_cast<int>(role::server);
@@ -187,7 +191,8 @@ class worker_client final : public transport::frame_handler {
     transport::tls_context(opts_.security(false));  // a bad TLS file is an error now, not later
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
                                               opts_.connect_timeout, "the scheduler");
-    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, small_limits(), opts_.security(false));
+    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, small_limits(),
+                                                     opts_.security(false));
     sched_->start();
     transport::out_frame f;
     f.h.command = wire::cmd::reg;
@@ -200,7 +205,8 @@ class worker_client final : public transport::frame_handler {
     r.on_response = [this](const wire::header& h, std::span<const std::byte>) { (void)h; };
     call(to_scheduler, single(std::move(f)), std::move(r));  // completed by the address book
     for (auto& s : servers_)
-      attach(s, transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout, node_name(s.id)));
+      attach(s, transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout,
+                                              node_name(s.id)));
     joined_ = true;
     transport::asio::post(io_, [this] { tick(); });
     who_ = "worker " + std::to_string(rank_);
@@ -248,7 +254,8 @@ class worker_client final : public transport::frame_handler {
           sv.waiting = false;
         }
         fail_peer(static_cast<int>(i), sv.lost_why + " and it did not come back within " +
-                                           std::to_string(opts_.server_restart_wait.count()) + " ms");
+                                           std::to_string(opts_.server_restart_wait.count()) +
+                                           " ms");
       }
     }
     std::vector<request> expired;
@@ -264,8 +271,11 @@ class worker_client final : public transport::frame_handler {
       }
     }
     for (auto& r : expired) {
-      std::string who = r.peer == to_scheduler ? std::string("the scheduler") : node_name(servers_[static_cast<std::size_t>(r.peer)].id);
-      std::string msg = r.what + ": no answer from " + who + " within " + std::to_string(r.timeout.count()) + " ms";
+      std::string who = r.peer == to_scheduler
+                            ? std::string("the scheduler")
+                            : node_name(servers_[static_cast<std::size_t>(r.peer)].id);
+      std::string msg = r.what + ": no answer from " + who + " within " +
+                        std::to_string(r.timeout.count()) + " ms";
       auto d = known_down();
       if (!d.empty()) msg += " (down: " + d + ")";
       r.done(std::make_exception_ptr(error(errc::timeout, msg)));
@@ -290,15 +300,19 @@ class worker_client final : public transport::frame_handler {
   void on_frame(transport::connection& c, const wire::header& h, std::string meta,
                 std::span<const std::byte> payload) override {
     switch (h.command) {
-      case wire::cmd::address_book: return on_address_book(h, meta);
-      case wire::cmd::node_dead: return on_dead(static_cast<int>(h.key), meta);
-      case wire::cmd::shutdown: return;
+      case wire::cmd::address_book:
+        return on_address_book(h, meta);
+      case wire::cmd::node_dead:
+        return on_dead(static_cast<int>(h.key), meta);
+      case wire::cmd::shutdown:
+        return;
       case wire::cmd::response: {
         auto r = take(h.req_id);
         if (!r) return;  // already failed (deadline) or an error answered earlier
         if (h.status != 0) {
-          auto code = h.status <= static_cast<std::uint32_t>(errc::unsupported) ? static_cast<errc>(h.status)
-                                                                             : errc::server_error;
+          auto code = h.status <= static_cast<std::uint32_t>(errc::unsupported)
+                          ? static_cast<errc>(h.status)
+                          : errc::server_error;
           return r->done(std::make_exception_ptr(error(code, r->what + ": " + meta)));
         }
         try {
@@ -317,13 +331,14 @@ class worker_client final : public transport::frame_handler {
           if (it == pending_.end()) return;
           auto& r = it->second;
           on_data = r.on_data;
-          direct = r.out && !(h.flags & wire::flag_rows) &&
-                   payload.data() == r.out + h.offset * r.elem;
+          direct =
+              r.out && !(h.flags & wire::flag_rows) && payload.data() == r.out + h.offset * r.elem;
           if (!direct && !on_data && r.out) {
             // The sink refused this frame: it does not fit the caller's buffer.
             auto bad = std::move(r);
             erase_pending(it);
-            bad.done(std::make_exception_ptr(error(errc::protocol, bad.what + ": answer does not fit the output")));
+            bad.done(std::make_exception_ptr(
+                error(errc::protocol, bad.what + ": answer does not fit the output")));
             return;
           }
         }
@@ -334,7 +349,9 @@ class worker_client final : public transport::frame_handler {
       }
       default:
         (void)c;
-        throw error(errc::protocol, "unexpected command " + std::to_string(static_cast<int>(h.command)) + " at a worker");
+        throw error(
+            errc::protocol,
+            "unexpected command " + std::to_string(static_cast<int>(h.command)) + " at a worker");
     }
   }
 
@@ -351,7 +368,8 @@ class worker_client final : public transport::frame_handler {
   std::unordered_map<std::uint64_t, request>::iterator erase_pending(
       std::unordered_map<std::uint64_t, request>::iterator it) {
     const int peer = it->second.peer;
-    if (peer >= 0 && static_cast<std::size_t>(peer) < servers_.size() && servers_[static_cast<std::size_t>(peer)].in_flight)
+    if (peer >= 0 && static_cast<std::size_t>(peer) < servers_.size() &&
+        servers_[static_cast<std::size_t>(peer)].in_flight)
       --servers_[static_cast<std::size_t>(peer)].in_flight;
     return pending_.erase(it);
   }
@@ -393,13 +411,16 @@ class worker_client final : public transport::frame_handler {
       boost::system::error_code ec;
       auto addr = transport::asio::ip::make_address(b.host, ec);
       if (ec) {
-        detail::log_warn(who_, "cannot reconnect to " + node_name(s.id) + ": bad address " + b.host);
+        detail::log_warn(who_,
+                         "cannot reconnect to " + node_name(s.id) + ": bad address " + b.host);
         continue;
       }
       ep = transport::tcp::endpoint(addr, b.port);
       sock->async_connect(ep, [this, i, sock](boost::system::error_code e) {
         if (e || stopping_) {
-          if (e) detail::log_warn(who_, "reconnecting to " + node_name(servers_[i].id) + " failed: " + e.message());
+          if (e)
+            detail::log_warn(
+                who_, "reconnecting to " + node_name(servers_[i].id) + " failed: " + e.message());
           return;
         }
         reattach(i, std::move(*sock));
@@ -421,7 +442,8 @@ class worker_client final : public transport::frame_handler {
     std::sort(again.begin(), again.end(), [](auto& a, auto& b) { return a.first < b.first; });
     for (auto& [id, frames] : again)
       for (auto& f : frames) s.conn->send(f);
-    detail::log_warn(who_, node_name(s.id) + " is back: re-sent " + std::to_string(again.size()) + " request(s)");
+    detail::log_warn(who_, node_name(s.id) + " is back: re-sent " + std::to_string(again.size()) +
+                               " request(s)");
   }
 
   void on_dead(int id, const std::string& why) {
@@ -450,14 +472,16 @@ class worker_client final : public transport::frame_handler {
         }
       }
     }
-    for (auto& r : failed) r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + why)));
+    for (auto& r : failed)
+      r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + why)));
   }
 
   // The peer is lost for good: fail what waits on it, and everything sent to it later.
   void fail_peer(int peer, const std::string& why) {
     {
       std::lock_guard lk(m_);
-      std::string& down = peer == to_scheduler ? sched_down_ : servers_[static_cast<std::size_t>(peer)].down;
+      std::string& down =
+          peer == to_scheduler ? sched_down_ : servers_[static_cast<std::size_t>(peer)].down;
       if (down.empty()) down = why;
     }
     fail_pending(peer, why);
@@ -488,7 +512,8 @@ class worker_client final : public transport::frame_handler {
           }
         }
         if (opts_.server_restart_wait.count() > 0) {
-          detail::log_warn(who_, why + "; waiting up to " + std::to_string(opts_.server_restart_wait.count()) +
+          detail::log_warn(who_, why + "; waiting up to " +
+                                     std::to_string(opts_.server_restart_wait.count()) +
                                      " ms for it to come back");
           return;
         }
@@ -516,7 +541,9 @@ class worker_client final : public transport::frame_handler {
       std::lock_guard lk(m_);
       left.swap(pending_);
     }
-    for (auto& [id, r] : left) r.done(std::make_exception_ptr(error(errc::shutdown, r.what + ": the store is shutting down")));
+    for (auto& [id, r] : left)
+      r.done(
+          std::make_exception_ptr(error(errc::shutdown, r.what + ": the store is shutting down")));
   }
 
   dist_options opts_;

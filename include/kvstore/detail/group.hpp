@@ -21,13 +21,17 @@ struct key_group {
 /// `lookup(i)` is the handle of the i-th key (it throws for a bad key, before anything is
 /// queued); `same(a, b)` tells whether two handles name one key.
 template <class Handle, class Buf, class Lookup, class Same>
-std::vector<key_group<Handle, Buf>> group_by_key(std::span<const Buf> bufs, Lookup&& lookup, Same&& same) {
+std::vector<key_group<Handle, Buf>> group_by_key(std::span<const Buf> bufs, Lookup&& lookup,
+                                                 Same&& same) {
   std::vector<key_group<Handle, Buf>> groups;
   for (std::size_t i = 0; i < bufs.size(); ++i) {
     Handle h = lookup(i);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return same(g.h, h); });
-    if (it == groups.end()) groups.push_back({std::move(h), {bufs[i]}});
-    else it->bufs.push_back(bufs[i]);
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return same(g.h, h); });
+    if (it == groups.end())
+      groups.push_back({std::move(h), {bufs[i]}});
+    else
+      it->bufs.push_back(bufs[i]);
   }
   return groups;
 }

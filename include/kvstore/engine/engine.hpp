@@ -114,7 +114,8 @@ class engine {
     // the caller is one of the pool's threads (then one chunk per thread would leave a spare
     // chunk to one of them) or when another thread is slow to wake.
     const std::size_t want = 4 * std::max(1u, size());
-    std::size_t chunks = std::min<std::size_t>(want, (n + grain - 1) / std::max<std::size_t>(grain, 1));
+    std::size_t chunks =
+        std::min<std::size_t>(want, (n + grain - 1) / std::max<std::size_t>(grain, 1));
     if (chunks <= 1) {
       f(std::size_t{0}, n);
       return;
@@ -250,7 +251,7 @@ class engine {
   std::vector<std::shared_ptr<pjob>> helpers_;
   std::uint64_t seq_ = 0;
   std::size_t in_flight_ = 0;
-  unsigned idle_ = 0;  // pool threads waiting for work
+  unsigned idle_ = 0;            // pool threads waiting for work
   std::size_t key_waiters_ = 0;  // threads in wait_key
   bool stop_ = false;
   std::vector<std::thread> threads_;
