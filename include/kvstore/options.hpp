@@ -3,6 +3,8 @@
 #pragma once
 
 #include <kvstore/error.hpp>
+#include <kvstore/node.hpp>
+#include <kvstore/transport/security.hpp>
 
 #include <chrono>
 #include <cstddef>
@@ -22,23 +24,11 @@ struct local_options {
   std::size_t parallel_reduce_min = std::size_t{1} << 16;
 };
 
-/// How one connection authenticates and times out (see transport/connection.hpp).
-struct transport_security {
-  std::string token;
-  bool acceptor = false;
-  std::chrono::milliseconds handshake_timeout{5'000};
-  std::chrono::milliseconds idle_timeout{0};
-  std::string tls_cert, tls_key, tls_ca;  // TLS when tls_cert is set
-};
-
 /// What the job does when a worker dies (its connection drops or it misses heartbeats for
 /// dead_timeout): leave_group treats it as if it had called leave() (sync rounds and barriers
 /// complete without it, a warning is logged); fail makes the rounds and barriers waiting for it
 /// fail with an error naming it.
 enum class worker_death { leave_group, fail };
-
-/// The role of a process in a distributed job.
-enum class role { worker, server, scheduler };
 
 /// Options of KVStore<dist> and of the server and scheduler loops.
 struct dist_options {

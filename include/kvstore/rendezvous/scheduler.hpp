@@ -5,7 +5,7 @@
 
 #include <kvstore/detail/log.hpp>
 #include <kvstore/options.hpp>
-#include <kvstore/rendezvous/nodes.hpp>
+#include <kvstore/node.hpp>
 #include <kvstore/transport/connection.hpp>
 #include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>

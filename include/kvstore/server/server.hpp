@@ -6,7 +6,7 @@
 
 #include <kvstore/detail/log.hpp>
 #include <kvstore/options.hpp>
-#include <kvstore/rendezvous/nodes.hpp>
+#include <kvstore/node.hpp>
 #include <kvstore/server/checkpoint.hpp>
 #include <kvstore/server/shard.hpp>
 #include <kvstore/transport/connection.hpp>

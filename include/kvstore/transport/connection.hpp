@@ -7,7 +7,7 @@
 
 #include <kvstore/error.hpp>
 #include <kvstore/detail/log.hpp>
-#include <kvstore/options.hpp>
+#include <kvstore/transport/security.hpp>
 #include <kvstore/transport/auth.hpp>
 #include <kvstore/transport/tls.hpp>
 #include <kvstore/wire/frame.hpp>

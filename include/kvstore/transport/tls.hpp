@@ -4,7 +4,7 @@
 #pragma once
 
 #include <kvstore/error.hpp>
-#include <kvstore/options.hpp>
+#include <kvstore/transport/security.hpp>
 
 #include <boost/asio/ssl.hpp>
 

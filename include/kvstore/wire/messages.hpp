@@ -6,7 +6,7 @@
 #pragma once
 
 #include <kvstore/error.hpp>
-#include <kvstore/options.hpp>
+#include <kvstore/node.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/meta.hpp>
 

@@ -1,12 +1,17 @@
-// Node ids and groups, as ps-lite and MXNet number them: the scheduler is node 1, server rank r is
-// node 8 + 2r, worker rank r is node 9 + 2r; groups 1 (scheduler), 2 (servers), 4 (workers) sum.
+// Who is who in a distributed job: the role of a process, and node ids and groups numbered as
+// ps-lite and MXNet number them (scheduler node 1, server rank r node 8 + 2r, worker rank r node
+// 9 + 2r; groups 1 scheduler, 2 servers, 4 workers, summed). A base header: wire/, client/,
+// server/ and rendezvous/ include it instead of options.hpp.
 #pragma once
-
-#include <kvstore/options.hpp>
 
 #include <string>
 
-namespace kvstore::detail {
+namespace kvstore {
+
+/// The role of a process in a distributed job.
+enum class role { worker, server, scheduler };
+
+namespace detail {
 
 inline constexpr int scheduler_id = 1;
 inline constexpr int group_scheduler = 1;
@@ -37,9 +42,12 @@ inline const char* role_name(role r) {
 /// "server 1 (node 10)" / "worker 0 (node 9)" / "scheduler (node 1)".
 inline std::string node_name(int id) {
   if (id == scheduler_id) return "scheduler (node 1)";
-  if (id >= 8 && id % 2 == 0) return "server " + std::to_string((id - 8) / 2) + " (node " + std::to_string(id) + ")";
-  if (id >= 9) return "worker " + std::to_string((id - 9) / 2) + " (node " + std::to_string(id) + ")";
+  if (id >= 8 && id % 2 == 0)
+    return "server " + std::to_string((id - 8) / 2) + " (node " + std::to_string(id) + ")";
+  if (id >= 9)
+    return "worker " + std::to_string((id - 9) / 2) + " (node " + std::to_string(id) + ")";
   return "node " + std::to_string(id);
 }
 
-}  // namespace kvstore::detail
+}  // namespace detail
+}  // namespace kvstore

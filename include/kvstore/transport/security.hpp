@@ -1,0 +1,19 @@
+// How one connection authenticates and times out: the part of the options the transport reads,
+// so transport/ needs nothing else of options.hpp.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace kvstore {
+
+/// How one connection authenticates and times out (see transport/connection.hpp).
+struct transport_security {
+  std::string token;
+  bool acceptor = false;
+  std::chrono::milliseconds handshake_timeout{5'000};
+  std::chrono::milliseconds idle_timeout{0};
+  std::string tls_cert, tls_key, tls_ca;  // TLS when tls_cert is set
+};
+
+}  // namespace kvstore
