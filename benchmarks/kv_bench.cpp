@@ -27,6 +27,8 @@
 // Exit status: 0 when every run completed with right values (targets met or not), 1 on an error
 // (a wrong value, a child that failed or hung), 2 on a usage error.
 #include <kvstore/dist.hpp>
+#include <kvstore/rendezvous/scheduler.hpp>
+#include <kvstore/server/server.hpp>
 
 #include <boost/asio.hpp>
 

@@ -1,7 +1,8 @@
 // The umbrella: everything an application needs, local and distributed.
 //   #include <kvstore/kvstore.hpp>
 //   kvstore::KVStore<kvstore::local> kv;   kvstore::KVStore<kvstore::dist> kv;
-// Local-only code may include <kvstore/local.hpp> alone (no Asio, faster builds).
+// Local-only code may include <kvstore/local.hpp> alone (no Asio, faster builds); a worker that is
+// never launched SPMD may include <kvstore/dist.hpp> without the server loop (spmd.hpp).
 #pragma once
 
 #include <kvstore/error.hpp>
@@ -10,3 +11,4 @@
 #include <kvstore/optim/all.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/dist.hpp>
+#include <kvstore/spmd.hpp>

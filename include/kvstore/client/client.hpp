@@ -5,17 +5,18 @@
 // them at their deadline.
 #pragma once
 
+#include <kvstore/client/call.hpp>
 #include <kvstore/detail/log.hpp>
+#include <kvstore/op.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/messages.hpp>
-#include <kvstore/wire/meta.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <functional>
-#include <future>
 #include <limits>
 #include <optional>
 #include <set>
@@ -30,12 +31,11 @@ class worker_client final : public transport::frame_handler {
  public:
   static constexpr int to_scheduler = -1;
 
-  using completion = std::function<void(std::exception_ptr)>;
-  /// One request: its completion, what it is (for messages), and for answers with data either a
-  /// destination buffer (dense pulls) or a callback.
+  /// One request: the part of an operation it completes, what it is (for messages), and for
+  /// answers with data either a destination buffer (dense pulls) or a callback.
   struct request {
-    completion done;
-    std::string what;
+    std::shared_ptr<op_state> done;
+    request_label what;
     std::byte* out = nullptr;  // data frames at key element offset o land at out + o * elem
     std::size_t out_bytes = 0;
     std::size_t elem = 0;
@@ -102,7 +102,7 @@ class worker_client final : public transport::frame_handler {
       }
     }
     if (!down.empty()) {
-      r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + down)));
+      r.done->complete_part(std::make_exception_ptr(error(errc::node_dead, r.what.str() + ": " + down)));
       return;
     }
     for (auto& f : frames) c->send(std::move(f), alone);
@@ -110,16 +110,10 @@ class worker_client final : public transport::frame_handler {
 
   /// Sends and waits (for blocking calls: init, barrier, commands). Throws the request's error.
   void call(int peer, std::vector<transport::out_frame> frames, request r) {
-    std::promise<void> p;
-    auto f = p.get_future();
-    r.done = [&p](std::exception_ptr e) {
-      if (e)
-        p.set_exception(e);
-      else
-        p.set_value();
-    };
+    auto st = std::make_shared<op_state>(1);
+    r.done = st;
     send(peer, std::move(frames), std::move(r));
-    f.get();
+    op(st).wait();
   }
 
   /// Says goodbye to the servers and the scheduler (best effort, short deadline).
@@ -127,9 +121,9 @@ class worker_client final : public transport::frame_handler {
     leaving_ = true;  // servers close once every worker left: not worth a warning
     auto bye = [&](int peer) {
       transport::out_frame f;
-      f.h.command = wire::cmd::bye;
+      f.h = wire::plain(wire::cmd::bye);
       request r;
-      r.what = "bye";
+      r.what = {call_kind::bye};
       r.timeout = std::chrono::milliseconds(5000);
       try {
         call(peer, single(std::move(f)), std::move(r));
@@ -195,12 +189,10 @@ class worker_client final : public transport::frame_handler {
                                                      opts_.security(false));
     sched_->start();
     transport::out_frame f;
-    f.h.command = wire::cmd::reg;
-    wire::meta_writer w;
-    w.u32(static_cast<std::uint32_t>(role::worker)).i64(opts_.rank_hint).str("").u32(0);
-    f.meta = w.take();
+    f.h = wire::plain(wire::cmd::reg);
+    f.meta = wire::encode_registration({role::worker, opts_.rank_hint, "", 0});
     request r;
-    r.what = "joining the job";
+    r.what = {call_kind::join};
     r.timeout = opts_.connect_timeout;
     r.on_response = [this](const wire::header& h, std::span<const std::byte>) { (void)h; };
     call(to_scheduler, single(std::move(f)), std::move(r));  // completed by the address book
@@ -241,7 +233,7 @@ class worker_client final : public transport::frame_handler {
       }
       for (auto& c : to) {
         transport::out_frame f;
-        f.h.command = wire::cmd::heartbeat;
+        f.h = wire::plain(wire::cmd::heartbeat);
         f.h.sender = id_;
         c->send(std::move(f));
       }
@@ -274,11 +266,11 @@ class worker_client final : public transport::frame_handler {
       std::string who = r.peer == to_scheduler
                             ? std::string("the scheduler")
                             : node_name(servers_[static_cast<std::size_t>(r.peer)].id);
-      std::string msg = r.what + ": no answer from " + who + " within " +
+      std::string msg = r.what.str() + ": no answer from " + who + " within " +
                         std::to_string(r.timeout.count()) + " ms";
       auto d = known_down();
       if (!d.empty()) msg += " (down: " + d + ")";
-      r.done(std::make_exception_ptr(error(errc::timeout, msg)));
+      r.done->complete_part(std::make_exception_ptr(error(errc::timeout, msg)));
     }
     timer_.expires_after(std::chrono::milliseconds(50));
     timer_.async_wait([this](boost::system::error_code ec) {
@@ -313,14 +305,14 @@ class worker_client final : public transport::frame_handler {
           auto code = h.status <= static_cast<std::uint32_t>(errc::unsupported)
                           ? static_cast<errc>(h.status)
                           : errc::server_error;
-          return r->done(std::make_exception_ptr(error(code, r->what + ": " + meta)));
+          return r->done->complete_part(std::make_exception_ptr(error(code, r->what.str() + ": " + meta)));
         }
         try {
           if (r->on_response) r->on_response(h, payload);
         } catch (...) {
-          return r->done(std::current_exception());
+          return r->done->complete_part(std::current_exception());
         }
-        return r->done(nullptr);
+        return r->done->complete_part();
       }
       case wire::cmd::data: {
         std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
@@ -337,14 +329,14 @@ class worker_client final : public transport::frame_handler {
             // The sink refused this frame: it does not fit the caller's buffer.
             auto bad = std::move(r);
             erase_pending(it);
-            bad.done(std::make_exception_ptr(
-                error(errc::protocol, bad.what + ": answer does not fit the output")));
+            bad.done->complete_part(std::make_exception_ptr(
+                error(errc::protocol, bad.what.str() + ": answer does not fit the output")));
             return;
           }
         }
         if (on_data) on_data(h, payload);
         if (h.flags & wire::flag_last)
-          if (auto r = take(h.req_id)) r->done(nullptr);
+          if (auto r = take(h.req_id)) r->done->complete_part();
         return;
       }
       default:
@@ -391,7 +383,7 @@ class worker_client final : public transport::frame_handler {
       id_ = static_cast<int>(h.key);
       rank_ = static_cast<int>(h.aux);
     }
-    if (auto p = take(h.req_id)) p->done(nullptr);
+    if (auto p = take(h.req_id)) p->done->complete_part();
   }
 
   // A server came back (restarted with its rank): reconnect to it and re-send what it had.
@@ -473,7 +465,7 @@ class worker_client final : public transport::frame_handler {
       }
     }
     for (auto& r : failed)
-      r.done(std::make_exception_ptr(error(errc::node_dead, r.what + ": " + why)));
+      r.done->complete_part(std::make_exception_ptr(error(errc::node_dead, r.what.str() + ": " + why)));
   }
 
   // The peer is lost for good: fail what waits on it, and everything sent to it later.
@@ -542,8 +534,8 @@ class worker_client final : public transport::frame_handler {
       left.swap(pending_);
     }
     for (auto& [id, r] : left)
-      r.done(
-          std::make_exception_ptr(error(errc::shutdown, r.what + ": the store is shutting down")));
+      r.done->complete_part(
+          std::make_exception_ptr(error(errc::shutdown, r.what.str() + ": the store is shutting down")));
   }
 
   dist_options opts_;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <kvstore/fwd.hpp>
+#include <kvstore/optim/slots.hpp>
 
 #include <array>
 #include <concepts>
@@ -14,9 +15,6 @@
 #include <vector>
 
 namespace kvstore::optim {
-
-/// Most state slots any optimizer keeps per element (adam: mean and variance).
-inline constexpr int max_slots = 2;
 
 /// Per-key optimizer state, created lazily on a key's first update: the number of updates applied
 /// so far and `num_slots` arrays of the key's size (momentum, moments, sums of squares...).

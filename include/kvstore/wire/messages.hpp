@@ -7,6 +7,7 @@
 
 #include <kvstore/error.hpp>
 #include <kvstore/node.hpp>
+#include <kvstore/optim/slots.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/meta.hpp>
 
@@ -22,8 +23,8 @@ namespace kvstore::wire {
 inline constexpr std::size_t max_host_len = 255;
 /// Registered optimizer names are short; parameters are a short "k=v,..." text.
 inline constexpr std::size_t max_optimizer_name_len = 4096;
-/// At most this many optimizer slots per key (optim::max_slots is 2; a margin for new optimizers).
-inline constexpr std::uint32_t max_state_slots = 16;
+/// At most this many optimizer slots per key: the optimizers' own bound.
+inline constexpr std::uint32_t max_state_slots = optim::max_slots;
 
 namespace detail {
 [[noreturn]] inline void bad(const char* what, const std::string& problem) {

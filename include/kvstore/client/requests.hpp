@@ -1,0 +1,355 @@
+// A worker's requests, built into frames: a key's init, push, pull and rows over the servers that
+// hold its slices (values cut into chunk_bytes frames), the calls every server answers
+// (optimizer, states, commands, leave, checkpoint) and the scheduler's (barrier, dead nodes).
+// The API layer (dist.hpp) checks arguments and orders ops per key; this turns one op into
+// frames for worker_client and runs the op's continuation once every server answered.
+#pragma once
+
+#include <kvstore/client/call.hpp>
+#include <kvstore/client/client.hpp>
+#include <kvstore/client/key_record.hpp>
+#include <kvstore/error.hpp>
+#include <kvstore/op.hpp>
+#include <kvstore/optim/state_file.hpp>
+#include <kvstore/wire/commands.hpp>
+#include <kvstore/wire/messages.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvstore::detail {
+
+template <class T>
+class requests {
+  static constexpr wire::dtype dtype = wire::dtype_of<T>();
+
+ public:
+  /// Runs once an op's every request is answered: nullptr, or the first error.
+  using done_fn = op_state::continuation;
+  /// The record of a key id, or nullptr when the store has no such key.
+  using key_lookup = std::function<const key_record*(std::uint64_t)>;
+
+  explicit requests(worker_client& c)
+      : client_(c),
+        chunk_elems_(std::max<std::size_t>(1, c.options().chunk_bytes / sizeof(T))),
+        spin_us_(static_cast<unsigned>(c.options().wait_spin.count())) {}
+
+  int num_servers() const noexcept { return client_.num_servers(); }
+
+  // ---- one key's data ----------------------------------------------------------------------
+  /// Every worker sends its slices' init; rank 0's carry the value (`with_data`).
+  void init(const key_record& m, std::span<const T> value, bool with_data, done_fn done) {
+    auto all = fan_in(m.slices.size(), std::move(done));
+    const auto& o = client_.options();
+    for (auto& s : m.slices) {
+      std::vector<transport::out_frame> frames;
+      const std::string meta = wire::encode_init_meta({s.lo, s.hi});
+      auto frame = [&](std::uint64_t off, std::uint64_t n, bool last) {
+        transport::out_frame f;
+        f.h = wire::init_header(fields(m), m.row_length, off, last, with_data);
+        f.meta = meta;
+        if (with_data) set_payload(f, value.data() + off, n);
+        frames.push_back(std::move(f));
+      };
+      if (with_data) {
+        for (std::uint64_t off = s.lo; off < s.hi; off += chunk_elems_)
+          frame(off, std::min<std::uint64_t>(chunk_elems_, s.hi - off), off + chunk_elems_ >= s.hi);
+      } else {
+        frame(s.lo, 0, true);
+      }
+      worker_client::request r = part_of(all, {call_kind::init, &m.k});
+      r.timeout = o.connect_timeout + o.request_timeout;
+      client_.send(s.server, std::move(frames), std::move(r));
+    }
+  }
+
+  /// The value of a key, a slice to each server in chunk_bytes frames. `keep` holds a buffer the
+  /// value points into until the frames are written.
+  void push(key_record& m, std::span<const T> value, int priority, done_fn done,
+            std::shared_ptr<const void> keep = nullptr) {
+    auto all = fan_in(m.slices.size(), std::move(done));
+    const std::uint64_t seq = ++m.pushes;
+    for (auto& s : m.slices) {
+      std::vector<transport::out_frame> frames;
+      for (std::uint64_t off = s.lo; off < s.hi; off += chunk_elems_) {
+        const std::uint64_t n = std::min<std::uint64_t>(chunk_elems_, s.hi - off);
+        transport::out_frame f;
+        f.h = wire::push_header(fields(m), off, seq, off + n >= s.hi, priority);
+        set_payload(f, value.data() + off, n);
+        f.keep = keep;
+        frames.push_back(std::move(f));
+      }
+      client_.send(s.server, std::move(frames), part_of(all, {call_kind::push, &m.k}));
+    }
+  }
+
+  /// Every server's slice lands straight in outs[0]; the other outputs get a copy.
+  void pull(const key_record& m, std::vector<std::span<T>> outs, int priority, done_fn done) {
+    auto first = outs.front();
+    auto all = fan_in(m.slices.size(), [outs = std::move(outs), done = std::move(done)](auto e) {
+      if (!e)
+        for (std::size_t i = 1; i < outs.size(); ++i)
+          std::copy(outs[0].begin(), outs[0].end(), outs[i].begin());
+      done(e);
+    });
+    for (auto& s : m.slices) {
+      transport::out_frame f;
+      f.h = wire::pull_header(fields(m), s.lo, priority);
+      worker_client::request r = part_of(all, {call_kind::pull, &m.k});
+      r.out = reinterpret_cast<std::byte*>(first.data());
+      r.out_bytes = first.size() * sizeof(T);
+      r.elem = sizeof(T);
+      client_.send(s.server, worker_client::single(std::move(f)), std::move(r));
+    }
+  }
+
+  /// The named rows, each to the server holding it. Every server of the key gets a message,
+  /// possibly empty, so a sync round counts this worker everywhere.
+  void push_rows(key_record& m, std::span<const std::int64_t> rows, std::span<const T> values,
+                 int priority, done_fn done) {
+    auto all = fan_in(m.slices.size(), std::move(done));
+    const std::uint64_t rl = m.row_length;
+    const std::size_t per =
+        std::max<std::size_t>(1, client_.options().chunk_bytes / (rl * sizeof(T)));
+    const std::uint64_t seq = ++m.pushes;
+    for (auto& s : m.slices) {
+      auto ids = std::make_shared<std::vector<std::int64_t>>();
+      auto vals = std::make_shared<std::vector<T>>();
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if (owns_row(s, rl, rows[i])) {
+          ids->push_back(rows[i]);
+          vals->insert(vals->end(), values.begin() + static_cast<std::ptrdiff_t>(i * rl),
+                       values.begin() + static_cast<std::ptrdiff_t>((i + 1) * rl));
+        }
+      std::vector<transport::out_frame> frames;
+      std::size_t i = 0;
+      do {
+        const std::size_t n = std::min(per, ids->size() - i);
+        transport::out_frame f;
+        f.h = wire::push_rows_header(fields(m), seq, i + n >= ids->size(), priority);
+        f.meta = wire::encode_rows(ids->data() + i, n);
+        set_payload(f, vals->data() + i * rl, n * rl);
+        f.keep = vals;
+        frames.push_back(std::move(f));
+        i += n;
+      } while (i < ids->size());
+      client_.send(s.server, std::move(frames), part_of(all, {call_kind::push_rows, &m.k}));
+    }
+  }
+
+  /// The named rows from the servers holding them, each into its place in `out`.
+  void pull_rows(const key_record& m, std::span<const std::int64_t> rows, std::span<T> out,
+                 int priority, done_fn done) {
+    const std::uint64_t rl = m.row_length;
+    std::vector<std::pair<const slice_ref*, std::shared_ptr<std::vector<std::size_t>>>> asks;
+    for (auto& s : m.slices) {
+      auto pos = std::make_shared<std::vector<std::size_t>>();
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if (owns_row(s, rl, rows[i])) pos->push_back(i);
+      if (!pos->empty()) asks.emplace_back(&s, pos);
+    }
+    if (asks.empty()) return done(nullptr);
+    auto all = fan_in(asks.size(), std::move(done));
+    for (auto& [s, pos] : asks) {
+      std::vector<std::int64_t> ids;
+      for (auto p : *pos) ids.push_back(rows[p]);
+      transport::out_frame f;
+      f.h = wire::pull_rows_header(fields(m), priority);
+      f.meta = wire::encode_rows(ids.data(), ids.size());
+      worker_client::request r = part_of(all, {call_kind::pull_rows, &m.k});
+      r.on_data = [pos, out, rl](const wire::header& h, std::span<const std::byte> payload) {
+        const std::size_t n = payload.size() / (rl * sizeof(T));
+        if (h.offset > pos->size() || n > pos->size() - h.offset ||
+            payload.size() != n * rl * sizeof(T))
+          throw error(errc::protocol, "pull_rows answer does not match the request");
+        const T* src = reinterpret_cast<const T*>(payload.data());
+        for (std::size_t j = 0; j < n; ++j)
+          std::memcpy(out.data() + (*pos)[h.offset + j] * rl, src + j * rl, rl * sizeof(T));
+      };
+      client_.send(s->server, worker_client::single(std::move(f)), std::move(r));
+    }
+  }
+
+  // ---- every server; each call blocks until all answered ------------------------------------
+  void set_optimizer(const std::string& name, const std::string& params) {
+    const std::string meta = wire::encode_optimizer({name, params});
+    to_all_servers(call_kind::set_optimizer, [&](int) {
+      transport::out_frame f;
+      f.h = wire::plain(wire::cmd::set_optimizer);
+      f.meta = meta;
+      return f;
+    });
+  }
+
+  /// Every server's optimizer states, joined into whole keys. A state that matches no key of
+  /// `lookup` is a protocol error.
+  std::map<std::uint64_t, optim::key_state<T>> save_states(const key_lookup& lookup) {
+    std::map<std::uint64_t, optim::key_state<T>> states;
+    std::mutex m;
+    to_all_servers(
+        call_kind::save_optimizer_states,
+        [](int) {
+          transport::out_frame f;
+          f.h = wire::plain(wire::cmd::save_states);
+          return f;
+        },
+        [&](const wire::header&, std::span<const std::byte> payload) {
+          std::lock_guard lk(m);
+          for (const auto& e : wire::decode_states(
+                   {reinterpret_cast<const char*>(payload.data()), payload.size()})) {
+            const key_record* rec = lookup(e.key);
+            if (e.type != dtype || !rec || rec->total != e.total)
+              throw error(errc::protocol,
+                          "save_optimizer_states: a server sent a state that matches no key");
+            auto& ks = states[e.key];
+            ks.name = rec->k.name();
+            ks.st.step = std::max(ks.st.step, e.step);
+            if (ks.st.slots.size() < e.nslots)
+              ks.st.slots.resize(e.nslots, std::vector<T>(e.total, T{}));
+            for (std::uint32_t s = 0; s < e.nslots; ++s) {
+              auto raw = e.slot(s);
+              std::memcpy(ks.st.slots[s].data() + e.lo, raw.data(), raw.size());
+            }
+          }
+        });
+    return states;
+  }
+
+  /// Gives each server its slices of `states` (checked against the keys by the caller).
+  void load_states(const std::map<std::uint64_t, optim::key_state<T>>& states,
+                   const key_lookup& lookup) {
+    auto parts = std::make_shared<std::vector<std::string>>(static_cast<std::size_t>(num_servers()));
+    for (auto& [id, ks] : states) {
+      const key_record& rec = *lookup(id);
+      for (auto& s : rec.slices) {
+        auto& p = (*parts)[static_cast<std::size_t>(s.server)];
+        p += wire::encode_state_head(id, dtype, s.lo, s.hi, rec.total, ks.st.step,
+                                     static_cast<std::uint32_t>(ks.st.slots.size()));
+        for (auto& sl : ks.st.slots)
+          p.append(reinterpret_cast<const char*>(sl.data() + s.lo), (s.hi - s.lo) * sizeof(T));
+      }
+    }
+    to_all_servers(call_kind::load_optimizer_states, [&](int s) {
+      transport::out_frame f;
+      f.h = wire::plain(wire::cmd::load_states);
+      auto& b = (*parts)[static_cast<std::size_t>(s)];
+      f.payload = reinterpret_cast<const std::byte*>(b.data());
+      f.payload_len = b.size();
+      f.keep = parts;
+      return f;
+    });
+  }
+
+  void command(int head, std::string_view body) {
+    const std::string b(body);
+    to_all_servers(call_kind::send_command_to_servers, [&](int) {
+      transport::out_frame f;
+      f.h = wire::command_header(head);
+      f.meta = b;
+      return f;
+    });
+  }
+
+  /// Asks every server to write its snapshot now.
+  void checkpoint() { header_only_to_all_servers(call_kind::checkpoint, wire::cmd::checkpoint); }
+
+  /// No more rounds from this worker: servers first, then the scheduler.
+  void leave() {
+    header_only_to_all_servers(call_kind::leave, wire::cmd::leave);
+    to_scheduler(call_kind::leave, wire::cmd::leave);
+  }
+
+  // ---- the scheduler -----------------------------------------------------------------------
+  /// Returns once every worker reached it (kind: barrier, or the one before exit).
+  void barrier(call_kind kind, std::chrono::milliseconds timeout) {
+    to_scheduler(kind, wire::cmd::barrier, timeout);
+  }
+
+  /// How many nodes of `groups` the scheduler has not heard from for `timeout_ms`. Throws when
+  /// the scheduler cannot answer.
+  std::uint64_t dead_count(int groups, std::uint64_t timeout_ms) {
+    transport::out_frame f;
+    f.h = wire::dead_count_header(groups, timeout_ms);
+    std::uint64_t n = 0;
+    worker_client::request r;
+    r.what = {call_kind::num_dead_node};
+    r.timeout = std::chrono::milliseconds(10'000);
+    r.on_response = [&n](const wire::header& h, std::span<const std::byte>) { n = h.aux; };
+    client_.call(worker_client::to_scheduler, worker_client::single(std::move(f)), std::move(r));
+    return n;
+  }
+
+ private:
+  static wire::key_fields fields(const key_record& m) { return {m.k.id(), m.total, dtype}; }
+
+  static void set_payload(transport::out_frame& f, const T* p, std::uint64_t n) {
+    f.payload = reinterpret_cast<const std::byte*>(p);
+    f.payload_len = n * sizeof(T);
+  }
+
+  // Rows of slice `s` of a matrix key.
+  static bool owns_row(const slice_ref& s, std::uint64_t rl, std::int64_t row) {
+    const auto r = static_cast<std::uint64_t>(row);
+    return r * rl >= s.lo && r * rl < s.hi;
+  }
+
+  // One part per request; `done` runs when the last one completes.
+  static std::shared_ptr<op_state> fan_in(std::size_t parts, done_fn done) {
+    return std::make_shared<op_state>(parts, std::move(done));
+  }
+
+  // A frame of `c` answered once the scheduler is done with it.
+  void to_scheduler(call_kind kind, wire::cmd c, std::chrono::milliseconds timeout = {}) {
+    transport::out_frame f;
+    f.h = wire::plain(c);
+    worker_client::request r;
+    r.what = {kind};
+    r.timeout = timeout;
+    client_.call(worker_client::to_scheduler, worker_client::single(std::move(f)), std::move(r));
+  }
+
+  void header_only_to_all_servers(call_kind kind, wire::cmd c) {
+    to_all_servers(kind, [c](int) {
+      transport::out_frame f;
+      f.h = wire::plain(c);
+      return f;
+    });
+  }
+
+  static worker_client::request part_of(std::shared_ptr<op_state> all, request_label what) {
+    worker_client::request r;
+    r.done = std::move(all);
+    r.what = what;
+    return r;
+  }
+
+  // Sends make(server) to every server and waits for all answers; on_response sees each answer.
+  template <class Make>
+  void to_all_servers(
+      call_kind kind, Make&& make,
+      std::function<void(const wire::header&, std::span<const std::byte>)> on_response = {}) {
+    auto all = std::make_shared<op_state>(static_cast<std::size_t>(num_servers()));
+    all->spin_us = spin_us_;
+    for (int s = 0; s < num_servers(); ++s) {
+      worker_client::request r = part_of(all, {kind, nullptr, server_id(s)});
+      r.on_response = on_response;
+      client_.send(s, worker_client::single(make(s)), std::move(r));
+    }
+    op(all).wait();
+  }
+
+  worker_client& client_;
+  const std::size_t chunk_elems_;
+  const unsigned spin_us_;
+};
+
+}  // namespace kvstore::detail

@@ -1,0 +1,98 @@
+// kvstore::op, the handle of one asynchronous operation, and detail::op_state, the one
+// completion mechanism under it: a count of parts, the first error, and an optional continuation.
+#pragma once
+
+#include <kvstore/error.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace kvstore {
+
+namespace detail {
+/// Shared state of one asynchronous operation made of `remaining` parts (one per key, slice or
+/// message). The first error wins; the op is done when every part has completed. The same state
+/// fans requests in inside the library: `then`, when set, runs once with the first error (or
+/// nullptr) on the thread that completes the last part.
+struct op_state {
+  using continuation = std::function<void(std::exception_ptr)>;
+
+  explicit op_state(std::size_t parts = 1, continuation next = {})
+      : remaining(parts), then(std::move(next)) {}
+  std::mutex m;
+  std::condition_variable cv;
+  std::size_t remaining;
+  std::exception_ptr error;
+  std::atomic<bool> finished{false};  // remaining reached 0 (read without the lock by spinners)
+  unsigned spin_us = 0;               // wait() polls `finished` this long before sleeping
+  continuation then;
+
+  void complete_part(std::exception_ptr e = nullptr) {
+    std::exception_ptr first;
+    {
+      std::lock_guard lk(m);
+      if (e && !error) error = e;
+      if (remaining == 0 || --remaining != 0) return;
+      finished.store(true, std::memory_order_release);
+      cv.notify_all();
+      if (!then) return;
+      first = error;
+    }
+    then(first);
+  }
+  void add_parts(std::size_t n) {
+    std::lock_guard lk(m);
+    remaining += n;
+  }
+};
+}  // namespace detail
+
+/// Handle of one asynchronous operation. Copies share the operation.
+/// Completion rule: wait() returns once every part of the operation has run; it rethrows the
+/// operation's first error (a kvstore::error) each time it is called. A default op is done.
+class op {
+ public:
+  op() = default;
+  explicit op(std::shared_ptr<detail::op_state> s) : s_(std::move(s)) {}
+
+  /// Blocks until done; throws the operation's error, if any.
+  void wait() const {
+    if (!s_) return;
+    if (s_->spin_us && !s_->finished.load(std::memory_order_acquire)) spin();
+    std::unique_lock lk(s_->m);
+    s_->cv.wait(lk, [&] { return s_->remaining == 0; });
+    if (s_->error) std::rethrow_exception(s_->error);
+  }
+  /// True once done (successfully or not); never blocks.
+  bool ready() const {
+    if (!s_) return true;
+    std::lock_guard lk(s_->m);
+    return s_->remaining == 0;
+  }
+  /// An op that is already done.
+  static op done() { return op{}; }
+
+ private:
+  // Polls for completion for up to spin_us before wait() sleeps: an answer that comes within it
+  // is seen without waking this thread from sleep.
+  void spin() const {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(s_->spin_us);
+    do {
+      for (int i = 0; i < 32; ++i) {
+        if (s_->finished.load(std::memory_order_acquire)) return;
+        std::this_thread::yield();
+      }
+    } while (std::chrono::steady_clock::now() < until);
+  }
+
+  std::shared_ptr<detail::op_state> s_;
+};
+
+}  // namespace kvstore

@@ -1,0 +1,119 @@
+// What each header field means for each command, and one constructor per request command, so a
+// field's meaning is written down once: here. Control payloads (the metadata) are encoded by
+// wire/messages.hpp; tensor bytes travel raw as the payload.
+//
+// | command       | key              | offset             | total          | aux                    | flags               | meta                  | payload                |
+// | ------------- | ---------------- | ------------------ | -------------- | ---------------------- | ------------------- | --------------------- | ---------------------- |
+// | hello         | -                | -                  | -              | sender's rank          | -                   | token proof           | -                      |
+// | reg           | -                | -                  | -              | -                      | -                   | registration          | -                      |
+// | address_book  | node id given    | -                  | -              | rank given             | -                   | address book          | -                      |
+// | barrier       | -                | -                  | -              | -                      | -                   | -                     | -                      |
+// | dead_count    | node groups      | -                  | timeout (ms)   | answer: the count      | -                   | -                     | -                      |
+// | node_dead     | dead node's id   | -                  | -              | -                      | -                   | why                   | -                      |
+// | init          | key id           | first element sent | key's elements | row length (0: vector) | last, has_data      | init_meta (slice)     | rank 0's values        |
+// | push          | key id           | first element      | key's elements | push number (1, 2, ..) | last                | -                     | values                 |
+// | pull          | key id           | slice's first elem | key's elements | -                      | -                   | -                     | -                      |
+// | data          | key id           | first element      | -              | -                      | last, rows          | -                     | values                 |
+// | push_rows     | key id           | -                  | key's elements | push number            | last                | row ids (int64)       | the rows' values       |
+// | pull_rows     | key id           | -                  | key's elements | -                      | -                   | row ids (int64)       | -                      |
+// | set_optimizer | -                | -                  | -              | -                      | -                   | optimizer_spec        | -                      |
+// | command       | head             | -                  | -              | -                      | -                   | body                  | -                      |
+// | save_states   | -                | -                  | -              | -                      | -                   | -                     | answer: state entries  |
+// | load_states   | -                | -                  | -              | -                      | -                   | -                     | state entries          |
+// | response      | -                | -                  | -              | per request (above)    | -                   | error text if status  | per request (above)    |
+// | bye, leave, checkpoint, heartbeat, shutdown, challenge, auth: header only, or the handshake's meta. |
+//
+// Every frame carries req_id (answers repeat it), priority (the sender's send order), sender (its
+// node id), type (element type of a payload) and status (errc of a response).
+#pragma once
+
+#include <kvstore/wire/frame.hpp>
+
+#include <cstdint>
+
+namespace kvstore::wire {
+
+/// A frame of `c` with nothing else set: barrier, leave, bye, checkpoint, save_states, ...
+inline header plain(cmd c) {
+  header h;
+  h.command = c;
+  return h;
+}
+
+/// Where a key's elements go: the fields every data command shares.
+struct key_fields {
+  std::uint64_t key = 0;
+  std::uint64_t total = 0;
+  dtype type = dtype::none;
+};
+
+inline header init_header(const key_fields& k, std::uint64_t row_length, std::uint64_t offset,
+                          bool last, bool has_data) {
+  header h = plain(cmd::init);
+  h.key = k.key;
+  h.total = k.total;
+  h.type = k.type;
+  h.aux = row_length;
+  h.offset = offset;
+  h.flags = (last ? flag_last : 0u) | (has_data ? flag_has_data : 0u);
+  return h;
+}
+
+inline header push_header(const key_fields& k, std::uint64_t offset, std::uint64_t push_number,
+                          bool last, int priority) {
+  header h = plain(cmd::push);
+  h.key = k.key;
+  h.total = k.total;
+  h.type = k.type;
+  h.offset = offset;
+  h.aux = push_number;
+  h.flags = last ? flag_last : 0u;
+  h.priority = priority;
+  return h;
+}
+
+inline header pull_header(const key_fields& k, std::uint64_t slice_lo, int priority) {
+  header h = plain(cmd::pull);
+  h.key = k.key;
+  h.total = k.total;
+  h.type = k.type;
+  h.offset = slice_lo;
+  h.priority = priority;
+  return h;
+}
+
+inline header push_rows_header(const key_fields& k, std::uint64_t push_number, bool last,
+                               int priority) {
+  header h = plain(cmd::push_rows);
+  h.key = k.key;
+  h.total = k.total;
+  h.type = k.type;
+  h.aux = push_number;
+  h.flags = last ? flag_last : 0u;
+  h.priority = priority;
+  return h;
+}
+
+inline header pull_rows_header(const key_fields& k, int priority) {
+  header h = plain(cmd::pull_rows);
+  h.key = k.key;
+  h.total = k.total;
+  h.type = k.type;
+  h.priority = priority;
+  return h;
+}
+
+inline header dead_count_header(int groups, std::uint64_t timeout_ms) {
+  header h = plain(cmd::dead_count);
+  h.key = static_cast<std::uint64_t>(groups);
+  h.total = timeout_ms;
+  return h;
+}
+
+inline header command_header(int head) {
+  header h = plain(cmd::command);
+  h.key = static_cast<std::uint64_t>(static_cast<std::int64_t>(head));
+  return h;
+}
+
+}  // namespace kvstore::wire
