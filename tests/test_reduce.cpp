@@ -1,4 +1,5 @@
 #include <kvstore/reduce/cpu.hpp>  // first: the header is self-contained
+#include <kvstore/engine/engine.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>

@@ -2,6 +2,7 @@
 // kv_launch, with dist_options::from_env() reading the environment (KVSTORE_*, then DMLC_*).
 #pragma once
 
+#include <kvstore/detail/env.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/transport/security.hpp>
@@ -145,199 +146,19 @@ struct dist_options {
   ///     Rank 0 is the scheduler, the next num_servers ranks servers, the rest workers; the
   ///     scheduler is MASTER_ADDR:MASTER_PORT, else the first host of SLURM_JOB_NODELIST,
   ///     else 127.0.0.1:9091, unless KVSTORE_SCHEDULER / DMLC_PS_ROOT_* say otherwise.
-  void apply_env() {
-    const bool role_given = env("KVSTORE_ROLE", "DMLC_ROLE").has_value();
-    if (auto v = env("KVSTORE_ROLE", "DMLC_ROLE")) {
-      const char* name = get("KVSTORE_ROLE") ? "KVSTORE_ROLE" : "DMLC_ROLE";
-      try {
-        role = parse_role(*v);
-      } catch (const error& e) {
-        throw error(errc::invalid_argument, std::string(name) + ": " + e.what());
-      }
-    }
-    if (auto v = env("KVSTORE_SCHEDULER")) {
-      auto colon = v->rfind(':');
-      if (colon == std::string::npos || colon == 0)
-        throw error(errc::invalid_argument,
-                    "KVSTORE_SCHEDULER=\"" + *v + "\" is not host:port");
-      scheduler_host = v->substr(0, colon);
-      scheduler_port = parse_port("KVSTORE_SCHEDULER", v->substr(colon + 1));
-    } else {
-      if (auto h = env("DMLC_PS_ROOT_URI")) scheduler_host = *h;
-      if (auto p = env("DMLC_PS_ROOT_PORT")) scheduler_port = parse_port("DMLC_PS_ROOT_PORT", *p);
-    }
-    if (auto v = env("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER"))
-      num_workers = parse_int(get("KVSTORE_NUM_WORKERS") ? "KVSTORE_NUM_WORKERS" : "DMLC_NUM_WORKER",
-                              *v, 1, 1 << 16);
-    if (auto v = env("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER"))
-      num_servers = parse_int(get("KVSTORE_NUM_SERVERS") ? "KVSTORE_NUM_SERVERS" : "DMLC_NUM_SERVER",
-                              *v, 1, 1 << 16);
-    if (auto v = env("KVSTORE_TYPE")) {
-      if (*v == "dist_sync" || *v == "dist")
-        sync = true;
-      else if (*v == "dist_async")
-        sync = false;
-      else
-        throw error(errc::invalid_argument,
-                    "KVSTORE_TYPE=\"" + *v + "\": expected dist_sync or dist_async");
-    }
-    if (auto v = env("KVSTORE_TOKEN")) token = *v;
-    if (auto v = env("KVSTORE_RANK")) rank_hint = parse_int("KVSTORE_RANK", *v, 0, 1 << 16);
-    if (auto v = env("KVSTORE_ON_WORKER_DEATH")) {
-      if (*v == "leave") on_worker_death = worker_death::leave_group;
-      else if (*v == "fail") on_worker_death = worker_death::fail;
-      else throw error(errc::invalid_argument, "KVSTORE_ON_WORKER_DEATH=\"" + *v + "\": expected leave or fail");
-    }
-    if (auto v = env("KVSTORE_MAX_KEY_BYTES")) {
-      char* end = nullptr;
-      const auto x = std::strtoull(v->c_str(), &end, 10);
-      if (*end != '\0' || x == 0)
-        throw error(errc::invalid_argument, "KVSTORE_MAX_KEY_BYTES=\"" + *v + "\" is not a positive integer");
-      max_key_bytes = x;
-    }
-    if (auto v = env("KVSTORE_CHECKPOINT_DIR")) checkpoint_dir = *v;
-    if (auto v = env("KVSTORE_TLS_CERT")) tls_cert = *v;
-    if (auto v = env("KVSTORE_TLS_KEY")) tls_key = *v;
-    if (auto v = env("KVSTORE_TLS_CA")) tls_ca = *v;
-    if (auto v = env("KVSTORE_CHECKPOINT_INTERVAL_MS"))
-      checkpoint_interval = std::chrono::milliseconds(parse_int("KVSTORE_CHECKPOINT_INTERVAL_MS", *v, 0, 1 << 30));
-    if (auto v = env("KVSTORE_CHECKPOINT_ROUNDS"))
-      checkpoint_rounds = static_cast<std::uint64_t>(parse_int("KVSTORE_CHECKPOINT_ROUNDS", *v, 0, 1 << 30));
-    if (auto v = env("KVSTORE_SERVER_RESTART_WAIT_MS"))
-      server_restart_wait = std::chrono::milliseconds(parse_int("KVSTORE_SERVER_RESTART_WAIT_MS", *v, 0, 1 << 30));
-    // Deadlines and liveness in milliseconds (fault tests and slow links tune them per process).
-    auto ms = [](const char* name, std::chrono::milliseconds& field) {
-      if (auto v = env(name)) field = std::chrono::milliseconds(parse_int(name, *v, 1, 1 << 30));
-    };
-    ms("KVSTORE_CONNECT_TIMEOUT_MS", connect_timeout);
-    ms("KVSTORE_REQUEST_TIMEOUT_MS", request_timeout);
-    ms("KVSTORE_BARRIER_TIMEOUT_MS", barrier_timeout);
-    ms("KVSTORE_HEARTBEAT_MS", heartbeat_interval);
-    ms("KVSTORE_DEAD_TIMEOUT_MS", dead_timeout);
-    if (auto v = env("KVSTORE_WAIT_SPIN_US"))
-      wait_spin = std::chrono::microseconds(parse_int("KVSTORE_WAIT_SPIN_US", *v, 0, 1'000'000));
-    if (auto v = env("KVSTORE_BIND")) bind_host = *v;
-    if (auto v = env("KVSTORE_ADVERTISE")) advertise_host = *v;
-    if (!role_given) apply_launcher_env();
-  }
+  void apply_env();
 
   /// The rank and size a launcher gave this process (mpirun, srun, torchrun), if any.
-  struct launcher_rank {
-    int rank = -1, size = 0;
-    const char* source = nullptr;
-  };
-  static launcher_rank launcher() {
-    static constexpr const char* pairs[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                               {"PMI_RANK", "PMI_SIZE"},
-                                               {"PMIX_RANK", "PMIX_SIZE"},
-                                               {"SLURM_PROCID", "SLURM_NTASKS"},
-                                               {"RANK", "WORLD_SIZE"}};
-    for (auto& p : pairs) {
-      auto r = env(p[0]);
-      auto n = env(p[1]);
-      if (r && n) return {parse_int(p[0], *r, 0, 1 << 20), parse_int(p[1], *n, 1, 1 << 20), p[0]};
-    }
-    return {};
-  }
+  using launcher_rank = detail::env::launcher_rank;
+  static launcher_rank launcher() { return detail::env::launcher(); }
+  /// "worker", "server" or "scheduler"; anything else is an error.
+  static kvstore::role parse_role(const std::string& v) { return detail::env::parse_role(v); }
 
  private:
-  void apply_launcher_env() {
-    auto l = launcher();
-    if (l.rank < 0) return;
-    const bool servers_given = env("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER").has_value();
-    if (!servers_given) num_servers = 1;
-    if (l.size < num_servers + 2)
-      throw error(errc::invalid_argument,
-                  std::string(l.source) + ": a job of " + std::to_string(l.size) +
-                      " processes cannot hold a scheduler, " + std::to_string(num_servers) +
-                      " server(s) and a worker");
-    const int workers = l.size - 1 - num_servers;
-    if (env("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER") && num_workers != workers)
-      throw error(errc::invalid_argument,
-                  std::string(get("KVSTORE_NUM_WORKERS") ? "KVSTORE_NUM_WORKERS" : "DMLC_NUM_WORKER") +
-                      "=" + std::to_string(num_workers) + " but " + l.source +
-                      " gives " + std::to_string(l.size) + " processes = 1 scheduler + " +
-                      std::to_string(num_servers) + " servers + " + std::to_string(workers) +
-                      " workers");
-    num_workers = workers;
-    if (l.rank == 0) {
-      role = kvstore::role::scheduler;
-    } else if (l.rank <= num_servers) {
-      role = kvstore::role::server;
-      rank_hint = l.rank - 1;
-    } else {
-      role = kvstore::role::worker;
-      rank_hint = l.rank - 1 - num_servers;
-    }
-    if (!env("KVSTORE_SCHEDULER") && !env("DMLC_PS_ROOT_URI")) {
-      if (auto a = env("MASTER_ADDR")) {
-        scheduler_host = *a;
-        if (auto p = env("MASTER_PORT")) scheduler_port = parse_port("MASTER_PORT", *p);
-      } else if (auto nl = env("SLURM_JOB_NODELIST", "SLURM_NODELIST")) {
-        scheduler_host = first_host(get("SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST", *nl);
-      }
-    }
-  }
-
-  /// The first host of a Slurm node list: "a,b" -> a; "node[03-05,7]" -> node03;
-  /// "rack[2-3]-n[01-04]" -> rack2-n01. Throws kvstore::error naming `var` when malformed.
-  static std::string first_host(const char* var, const std::string& list) {
-    auto bad = [&](const char* why) {
-      return error(errc::invalid_argument, std::string(var) + "=\"" + list + "\": " + why);
-    };
-    std::string host;
-    std::size_t i = 0;
-    while (i < list.size() && list[i] != ',') {
-      if (list[i] == ']') throw bad("a ']' without '['");
-      if (list[i] != '[') {
-        host += list[i++];
-        continue;
-      }
-      const auto close = list.find(']', i);
-      if (close == std::string::npos) throw bad("a '[' without ']'");
-      const auto first = list.substr(i + 1, list.find_first_of(",-]", i + 1) - i - 1);
-      if (first.empty()) throw bad("an empty range");
-      host += first;
-      i = close + 1;
-    }
-    if (host.empty()) throw bad("no first host");
-    return host;
-  }
-
- public:
-
-  static kvstore::role parse_role(const std::string& v) {
-    if (v == "worker") return kvstore::role::worker;
-    if (v == "server") return kvstore::role::server;
-    if (v == "scheduler") return kvstore::role::scheduler;
-    throw error(errc::invalid_argument,
-                "role \"" + v + "\": expected worker, server or scheduler");
-  }
-
- private:
-  static const char* get(const char* name) {
-    const char* v = std::getenv(name);
-    return (v && *v) ? v : nullptr;
-  }
-  // The first of the names that is set and non-empty.
-  static std::optional<std::string> env(const char* a, const char* b = nullptr) {
-    if (const char* v = get(a)) return std::string(v);
-    if (b)
-      if (const char* v = get(b)) return std::string(v);
-    return std::nullopt;
-  }
-  static int parse_int(const char* what, const std::string& v, int lo, int hi) {
-    char* end = nullptr;
-    long x = std::strtol(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || x < lo || x > hi)
-      throw error(errc::invalid_argument, std::string(what) + "=\"" + v +
-                                              "\" is not an integer in [" + std::to_string(lo) +
-                                              ", " + std::to_string(hi) + "]");
-    return static_cast<int>(x);
-  }
-  static std::uint16_t parse_port(const char* what, const std::string& v) {
-    return static_cast<std::uint16_t>(parse_int(what, v, 1, 65535));
-  }
+  // Role, sizes and scheduler from a launcher's rank when no role was given.
+  void apply_launcher_env();
 };
 
 }  // namespace kvstore
+
+#include <kvstore/impl/options_env.hpp>

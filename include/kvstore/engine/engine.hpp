@@ -3,7 +3,7 @@
 // a server answers): the next op on the same key starts only once the previous one completed.
 #pragma once
 
-#include <kvstore/fwd.hpp>
+#include <kvstore/op.hpp>
 
 #include <algorithm>
 #include <atomic>

@@ -2,7 +2,7 @@
 // concept a registered optimizer type meets, and the type-erased updater a store holds.
 #pragma once
 
-#include <kvstore/fwd.hpp>
+#include <kvstore/key.hpp>
 #include <kvstore/optim/slots.hpp>
 
 #include <array>

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <kvstore/error.hpp>
-#include <kvstore/fwd.hpp>
+#include <kvstore/key.hpp>
 #include <kvstore/optim/adagrad.hpp>
 #include <kvstore/optim/adam.hpp>
 #include <kvstore/optim/optimizer.hpp>

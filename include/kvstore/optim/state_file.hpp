@@ -12,7 +12,7 @@
 
 #include <kvstore/detail/atomic_file.hpp>
 #include <kvstore/error.hpp>
-#include <kvstore/fwd.hpp>
+#include <kvstore/key.hpp>
 #include <kvstore/optim/optimizer.hpp>
 #include <kvstore/optim/state_serialization.hpp>
 

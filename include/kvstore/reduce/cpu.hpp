@@ -11,16 +11,24 @@
 // are reproducible and, for values that are exact in T, exact.
 #pragma once
 
-#include <kvstore/engine/engine.hpp>
 #include <kvstore/error.hpp>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstring>
 #include <span>
 #include <string>
 
 namespace kvstore::reduce {
+
+/// What a parallel reduction runs on: `size()` threads and `parallel_for(n, grain, f)` calling
+/// f(begin, end) over [0, n) on them and the calling thread (detail::engine is one).
+template <class E>
+concept executor = requires(E& e, void (*f)(std::size_t, std::size_t)) {
+  { e.size() } -> std::convertible_to<std::size_t>;
+  e.parallel_for(std::size_t{1}, std::size_t{1}, f);
+};
 
 /// Elements per block of the output when more than four inputs are folded in.
 inline constexpr std::size_t block_elems = 4096;
@@ -137,9 +145,10 @@ void sum_into(std::span<T> dst, std::span<const std::span<const T>> srcs) {
 }
 
 /// As above, but with dst.size() >= parallel_min the elements are split, in whole blocks, over
-/// the engine's threads and the calling thread (engine::parallel_for, safe from inside a task).
-template <class T>
-void sum_into(kvstore::detail::engine& eng, std::span<T> dst,
+/// the executor's threads and the calling thread (the engine's parallel_for is safe from inside a
+/// task).
+template <class T, executor Executor>
+void sum_into(Executor& eng, std::span<T> dst,
               std::span<const std::span<const T>> srcs,
               std::size_t parallel_min = std::size_t{1} << 16) {
   detail::check_sizes(dst, srcs);

@@ -1,0 +1,142 @@
+// dist_options::apply_env(): the environment, in lookup order, onto the options' fields. Kept
+// apart from options.hpp so the options structs read as a list of settings.
+#pragma once
+
+#include <kvstore/detail/env.hpp>
+#include <kvstore/options.hpp>
+
+#include <string>
+
+namespace kvstore {
+
+inline void dist_options::apply_env() {
+  namespace env = detail::env;
+  const bool role_given = env::first_of("KVSTORE_ROLE", "DMLC_ROLE").has_value();
+  if (auto v = env::first_of("KVSTORE_ROLE", "DMLC_ROLE")) {
+    const char* name = env::get("KVSTORE_ROLE") ? "KVSTORE_ROLE" : "DMLC_ROLE";
+    try {
+      role = env::parse_role(*v);
+    } catch (const error& e) {
+      throw error(errc::invalid_argument, std::string(name) + ": " + e.what());
+    }
+  }
+  if (auto v = env::first_of("KVSTORE_SCHEDULER")) {
+    auto colon = v->rfind(':');
+    if (colon == std::string::npos || colon == 0)
+      throw error(errc::invalid_argument, "KVSTORE_SCHEDULER=\"" + *v + "\" is not host:port");
+    scheduler_host = v->substr(0, colon);
+    scheduler_port = env::parse_port("KVSTORE_SCHEDULER", v->substr(colon + 1));
+  } else {
+    if (auto h = env::first_of("DMLC_PS_ROOT_URI")) scheduler_host = *h;
+    if (auto p = env::first_of("DMLC_PS_ROOT_PORT"))
+      scheduler_port = env::parse_port("DMLC_PS_ROOT_PORT", *p);
+  }
+  if (auto v = env::first_of("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER"))
+    num_workers =
+        env::parse_int(env::get("KVSTORE_NUM_WORKERS") ? "KVSTORE_NUM_WORKERS" : "DMLC_NUM_WORKER",
+                       *v, 1, 1 << 16);
+  if (auto v = env::first_of("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER"))
+    num_servers =
+        env::parse_int(env::get("KVSTORE_NUM_SERVERS") ? "KVSTORE_NUM_SERVERS" : "DMLC_NUM_SERVER",
+                       *v, 1, 1 << 16);
+  if (auto v = env::first_of("KVSTORE_TYPE")) {
+    if (*v == "dist_sync" || *v == "dist")
+      sync = true;
+    else if (*v == "dist_async")
+      sync = false;
+    else
+      throw error(errc::invalid_argument,
+                  "KVSTORE_TYPE=\"" + *v + "\": expected dist_sync or dist_async");
+  }
+  if (auto v = env::first_of("KVSTORE_TOKEN")) token = *v;
+  if (auto v = env::first_of("KVSTORE_RANK"))
+    rank_hint = env::parse_int("KVSTORE_RANK", *v, 0, 1 << 16);
+  if (auto v = env::first_of("KVSTORE_ON_WORKER_DEATH")) {
+    if (*v == "leave")
+      on_worker_death = worker_death::leave_group;
+    else if (*v == "fail")
+      on_worker_death = worker_death::fail;
+    else
+      throw error(errc::invalid_argument,
+                  "KVSTORE_ON_WORKER_DEATH=\"" + *v + "\": expected leave or fail");
+  }
+  if (auto v = env::first_of("KVSTORE_MAX_KEY_BYTES")) {
+    char* end = nullptr;
+    const auto x = std::strtoull(v->c_str(), &end, 10);
+    if (*end != '\0' || x == 0)
+      throw error(errc::invalid_argument,
+                  "KVSTORE_MAX_KEY_BYTES=\"" + *v + "\" is not a positive integer");
+    max_key_bytes = x;
+  }
+  if (auto v = env::first_of("KVSTORE_CHECKPOINT_DIR")) checkpoint_dir = *v;
+  if (auto v = env::first_of("KVSTORE_TLS_CERT")) tls_cert = *v;
+  if (auto v = env::first_of("KVSTORE_TLS_KEY")) tls_key = *v;
+  if (auto v = env::first_of("KVSTORE_TLS_CA")) tls_ca = *v;
+  if (auto v = env::first_of("KVSTORE_CHECKPOINT_INTERVAL_MS"))
+    checkpoint_interval =
+        std::chrono::milliseconds(env::parse_int("KVSTORE_CHECKPOINT_INTERVAL_MS", *v, 0, 1 << 30));
+  if (auto v = env::first_of("KVSTORE_CHECKPOINT_ROUNDS"))
+    checkpoint_rounds =
+        static_cast<std::uint64_t>(env::parse_int("KVSTORE_CHECKPOINT_ROUNDS", *v, 0, 1 << 30));
+  if (auto v = env::first_of("KVSTORE_SERVER_RESTART_WAIT_MS"))
+    server_restart_wait =
+        std::chrono::milliseconds(env::parse_int("KVSTORE_SERVER_RESTART_WAIT_MS", *v, 0, 1 << 30));
+  // Deadlines and liveness in milliseconds (fault tests and slow links tune them per process).
+  auto ms = [](const char* name, std::chrono::milliseconds& field) {
+    if (auto v = env::first_of(name))
+      field = std::chrono::milliseconds(env::parse_int(name, *v, 1, 1 << 30));
+  };
+  ms("KVSTORE_CONNECT_TIMEOUT_MS", connect_timeout);
+  ms("KVSTORE_REQUEST_TIMEOUT_MS", request_timeout);
+  ms("KVSTORE_BARRIER_TIMEOUT_MS", barrier_timeout);
+  ms("KVSTORE_HEARTBEAT_MS", heartbeat_interval);
+  ms("KVSTORE_DEAD_TIMEOUT_MS", dead_timeout);
+  if (auto v = env::first_of("KVSTORE_WAIT_SPIN_US"))
+    wait_spin = std::chrono::microseconds(env::parse_int("KVSTORE_WAIT_SPIN_US", *v, 0, 1'000'000));
+  if (auto v = env::first_of("KVSTORE_BIND")) bind_host = *v;
+  if (auto v = env::first_of("KVSTORE_ADVERTISE")) advertise_host = *v;
+  if (!role_given) apply_launcher_env();
+}
+
+inline void dist_options::apply_launcher_env() {
+  namespace env = detail::env;
+  auto l = env::launcher();
+  if (l.rank < 0) return;
+  const bool servers_given = env::first_of("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER").has_value();
+  if (!servers_given) num_servers = 1;
+  if (l.size < num_servers + 2)
+    throw error(errc::invalid_argument,
+                std::string(l.source) + ": a job of " + std::to_string(l.size) +
+                    " processes cannot hold a scheduler, " + std::to_string(num_servers) +
+                    " server(s) and a worker");
+  const int workers = l.size - 1 - num_servers;
+  if (env::first_of("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER") && num_workers != workers)
+    throw error(
+        errc::invalid_argument,
+        std::string(env::get("KVSTORE_NUM_WORKERS") ? "KVSTORE_NUM_WORKERS" : "DMLC_NUM_WORKER") +
+            "=" + std::to_string(num_workers) + " but " + l.source + " gives " +
+            std::to_string(l.size) + " processes = 1 scheduler + " + std::to_string(num_servers) +
+            " servers + " + std::to_string(workers) + " workers");
+  num_workers = workers;
+  if (l.rank == 0) {
+    role = kvstore::role::scheduler;
+  } else if (l.rank <= num_servers) {
+    role = kvstore::role::server;
+    rank_hint = l.rank - 1;
+  } else {
+    role = kvstore::role::worker;
+    rank_hint = l.rank - 1 - num_servers;
+  }
+  if (!env::first_of("KVSTORE_SCHEDULER") && !env::first_of("DMLC_PS_ROOT_URI")) {
+    if (auto a = env::first_of("MASTER_ADDR")) {
+      scheduler_host = *a;
+      if (auto p = env::first_of("MASTER_PORT"))
+        scheduler_port = env::parse_port("MASTER_PORT", *p);
+    } else if (auto nl = env::first_of("SLURM_JOB_NODELIST", "SLURM_NODELIST")) {
+      scheduler_host = env::first_host(
+          env::get("SLURM_JOB_NODELIST") ? "SLURM_JOB_NODELIST" : "SLURM_NODELIST", *nl);
+    }
+  }
+}
+
+}  // namespace kvstore
