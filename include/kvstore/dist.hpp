@@ -8,8 +8,10 @@
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/key_record.hpp>
+#include <kvstore/client/key_table.hpp>
 #include <kvstore/client/partition.hpp>
 #include <kvstore/client/requests.hpp>
+#include <kvstore/detail/checks.hpp>
 #include <kvstore/detail/group.hpp>
 #include <kvstore/engine/engine.hpp>
 #include <kvstore/error.hpp>
@@ -23,11 +25,9 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
-#include <shared_mutex>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace kvstore {
@@ -89,15 +89,11 @@ class KVStore<dist, T> {
   void init(key k, std::span<const T> value) { init_one(std::move(k), value, 0); }
   /// A matrix of value.size() / row_length rows (for push_rows / pull_rows).
   void init(key k, std::span<const T> value, std::size_t row_length) {
-    if (row_length == 0) fail(errc::invalid_argument, call_kind::init, k, "row_length is 0");
-    if (value.size() % row_length != 0)
-      fail(errc::size_mismatch, call_kind::init, k,
-           "size " + std::to_string(value.size()) + " is not a multiple of the row length " +
-               std::to_string(row_length));
+    detail::check_matrix_init(k, value.size(), row_length);
     init_one(std::move(k), value, row_length);
   }
   void init(std::span<const key> ks, std::span<const std::span<const T>> values) {
-    check_count("init", ks.size(), values.size(), " values");
+    detail::check_count("init", ks.size(), "with", values.size(), "values");
     for (std::size_t i = 0; i < ks.size(); ++i) init_one(ks[i], values[i], 0);
   }
 
@@ -117,7 +113,7 @@ class KVStore<dist, T> {
     return submit_summed(m, std::move(srcs), priority);
   }
   op push(std::span<const key> ks, std::span<const std::span<const T>> values, int priority = 0) {
-    check_count("push", ks.size(), values.size(), " values");
+    detail::check_count("push", ks.size(), "with", values.size(), "values");
     auto groups = group_by_key(call_kind::push, ks, values);
     auto st = new_state(groups.size());
     for (auto& [m, srcs] : groups) submit_summed(m, std::move(srcs), priority, st);
@@ -141,7 +137,7 @@ class KVStore<dist, T> {
     });
   }
   op pull(std::span<const key> ks, std::span<const std::span<T>> outs, int priority = 0) {
-    check_count("pull", ks.size(), outs.size(), " outputs");
+    detail::check_count("pull", ks.size(), "into", outs.size(), "outputs");
     auto groups = group_by_key(call_kind::pull, ks, outs);
     auto st = new_state(groups.size());
     for (auto& [m, o] : groups)
@@ -298,22 +294,13 @@ class KVStore<dist, T> {
     detail::worker_client client;
     detail::requests<T> reqs;
     detail::engine eng;  // destroyed before the client: no op outlives the network
-    std::shared_mutex m;
-    std::unordered_map<std::uint64_t, std::unique_ptr<record>> keys;  // records never move
+    detail::key_table keys;
     std::string opt_name;
     std::atomic<bool> left{false};
   };
 
   [[noreturn]] static void fail(errc c, call_kind call, const key& k, const std::string& problem) {
-    throw error(c, "kvstore: " + std::string(detail::call_name(call)) + " of key " + k.str() +
-                       ": " + problem);
-  }
-  static void check_count(std::string_view call, std::size_t keys, std::size_t bufs,
-                          std::string_view what) {
-    if (keys != bufs)
-      throw error(errc::invalid_argument, "kvstore: " + std::string(call) + " of " +
-                                              std::to_string(keys) + " keys with " +
-                                              std::to_string(bufs) + std::string(what));
+    detail::fail(c, detail::call_name(call), k, problem);
   }
 
   // The buffers of a multi-key call grouped by key, in first-appearance order: a key named twice
@@ -327,79 +314,44 @@ class KVStore<dist, T> {
         [](const record* a, const record* b) { return a == b; });
   }
 
-  // The record of a key id, for the state calls (records are never erased once inited).
-  typename detail::requests<T>::key_lookup lookup() {
-    return [this](std::uint64_t id) -> const record* {
-      std::shared_lock lk(impl_->m);
-      auto it = impl_->keys.find(id);
-      return it == impl_->keys.end() ? nullptr : it->second.get();
-    };
+  // The record of a key id, for the state calls.
+  typename detail::requests<T>::key_lookup lookup() const {
+    return [keys = &impl_->keys](std::uint64_t id) -> const record* { return keys->find(id); };
   }
 
   record* find(call_kind call, const key& k, std::optional<std::size_t> n) {
-    record* m;
-    {
-      std::shared_lock lk(impl_->m);
-      auto it = impl_->keys.find(k.id());
-      if (it == impl_->keys.end()) fail(errc::unknown_key, call, k, "never inited");
-      m = it->second.get();
-    }
-    if (m->k.is_named() != k.is_named() || m->k.name() != k.name())
-      fail(errc::invalid_argument, call, k,
-           "its id " + std::to_string(k.id()) + " is already taken by key " + m->k.str());
+    record* m = impl_->keys.find(k.id());
+    if (!m) fail(errc::unknown_key, call, k, "never inited");
+    detail::check_same_name(detail::call_name(call), m->k, k);
     if (n) check_size(call, *m, *n);
     if (impl_->left && detail::is_push(call))
       fail(errc::invalid_argument, call, k, "this worker left the sync group (leave())");
     return m;
   }
   static void check_size(call_kind call, const record& m, std::size_t n) {
-    if (n != m.total)
-      fail(errc::size_mismatch, call, m.k,
-           "size " + std::to_string(n) + " does not match the key's size " +
-               std::to_string(m.total));
+    detail::check_size(detail::call_name(call), m.k, m.total, n);
   }
   static void check_rows(call_kind call, const record& m, std::span<const std::int64_t> rows,
                          std::size_t n) {
-    if (!m.row_length)
-      fail(errc::not_a_matrix, call, m.k, "it was inited without a row length, so it has no rows");
-    const auto nrows = static_cast<std::int64_t>(m.rows());
-    for (auto r : rows)
-      if (r < 0 || r >= nrows)
-        fail(errc::row_out_of_range, call, m.k,
-             "row " + std::to_string(r) + " is out of range (the key has " + std::to_string(nrows) +
-                 " rows)");
-    if (n != rows.size() * m.row_length)
-      fail(errc::invalid_argument, call, m.k,
-           std::to_string(rows.size()) + " rows of " + std::to_string(m.row_length) + " need " +
-               std::to_string(rows.size() * m.row_length) + " elements, given " +
-               std::to_string(n));
+    detail::check_rows(detail::call_name(call), m.k, m.total, m.row_length, rows, n);
   }
 
   void init_one(key k, std::span<const T> value, std::uint64_t row_length) {
     if (value.empty()) fail(errc::invalid_argument, call_kind::init, k, "an empty value");
     auto slices = detail::partition(k.id(), value.size(), row_length, sizeof(T), num_servers(),
                                     impl_->opts.slice_bytes);
-    record* m;
-    {
-      std::unique_lock lk(impl_->m);
-      auto it = impl_->keys.find(k.id());
-      if (it != impl_->keys.end()) {
-        if (it->second->k.name() != k.name())
-          fail(errc::invalid_argument, call_kind::init, k,
-               "its id is already taken by key " + it->second->k.str());
-        fail(errc::already_inited, call_kind::init, k, "inited twice");
-      }
-      auto rec = std::make_unique<record>(k, value.size(), row_length, std::move(slices));
-      m = rec.get();
-      impl_->keys.emplace(k.id(), std::move(rec));
+    auto [m, added] = impl_->keys.add(
+        std::make_unique<record>(k, value.size(), row_length, std::move(slices)));
+    if (!added) {
+      detail::check_same_name("init", m->k, k);
+      fail(errc::already_inited, call_kind::init, k, "inited twice");
     }
     auto st = new_state(1);
     impl_->reqs.init(*m, value, rank() == 0, [st](std::exception_ptr e) { st->complete_part(e); });
     try {
       op(st).wait();
     } catch (...) {
-      std::unique_lock lk(impl_->m);
-      impl_->keys.erase(k.id());
+      impl_->keys.remove(k.id());
       throw;
     }
   }

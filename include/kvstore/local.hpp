@@ -3,6 +3,7 @@
 // code.
 #pragma once
 
+#include <kvstore/detail/checks.hpp>
 #include <kvstore/detail/group.hpp>
 #include <kvstore/engine/engine.hpp>
 #include <kvstore/error.hpp>
@@ -92,15 +93,6 @@ struct local_impl {
   }
 };
 
-[[noreturn]] inline void local_fail(errc c, std::string_view call, const key& k,
-                                    const std::string& problem) {
-  throw error(c, "kvstore: " + std::string(call) + " of key " + k.str() + ": " + problem);
-}
-
-inline std::string elems(std::size_t n) {
-  return std::to_string(n) + (n == 1 ? " element" : " elements");
-}
-
 }  // namespace detail
 
 /// The local store: one process; values pushed from several devices are summed, then stored, or
@@ -153,21 +145,14 @@ class KVStore<local, T> {
   /// Throws as init above, and invalid_argument (row_length 0), size_mismatch (value.size() not a
   /// multiple of row_length).
   void init(key k, std::span<const T> value, std::size_t row_length) {
-    if (row_length == 0) detail::local_fail(errc::invalid_argument, "init", k, "row_length is 0");
-    if (value.size() % row_length != 0)
-      detail::local_fail(errc::size_mismatch, "init", k,
-                         "size " + std::to_string(value.size()) +
-                             " is not a multiple of the row length " + std::to_string(row_length));
+    detail::check_matrix_init(k, value.size(), row_length);
     init_entries({{std::move(k), value, row_length}});
   }
 
   /// Inits several keys at once: all of them, or (on any error) none. Returns once stored.
   /// Throws as init, and invalid_argument when ks and values differ in length.
   void init(std::span<const key> ks, std::span<const std::span<const T>> values) {
-    if (ks.size() != values.size())
-      throw error(errc::invalid_argument, "kvstore: init of " + std::to_string(ks.size()) +
-                                              " keys with " + std::to_string(values.size()) +
-                                              " values");
+    detail::check_count("init", ks.size(), "with", values.size(), "values");
     std::vector<init_item> items;
     items.reserve(ks.size());
     for (std::size_t i = 0; i < ks.size(); ++i) items.push_back({ks[i], values[i], 0});
@@ -185,7 +170,7 @@ class KVStore<local, T> {
   /// Pushes the sum of several values (one per device), summed in the order given.
   /// Throws: unknown_key, size_mismatch, invalid_argument (no values).
   op push(key k, std::initializer_list<std::span<const T>> values, int priority = 0) {
-    if (values.size() == 0) detail::local_fail(errc::invalid_argument, "push", k, "no values");
+    if (values.size() == 0) detail::fail(errc::invalid_argument, "push", k, "no values");
     return push_groups("push", {group_in{&find("push", k), {values.begin(), values.end()}}},
                        priority);
   }
@@ -194,10 +179,7 @@ class KVStore<local, T> {
   /// of its values, as one push. Throws as push, and invalid_argument when ks and values differ
   /// in length; nothing is pushed when any key fails.
   op push(std::span<const key> ks, std::span<const std::span<const T>> values, int priority = 0) {
-    if (ks.size() != values.size())
-      throw error(errc::invalid_argument, "kvstore: push of " + std::to_string(ks.size()) +
-                                              " keys with " + std::to_string(values.size()) +
-                                              " values");
+    detail::check_count("push", ks.size(), "with", values.size(), "values");
     std::vector<group_in> groups;
     {
       std::shared_lock lk(impl_->m);
@@ -218,7 +200,7 @@ class KVStore<local, T> {
   /// Copies the newest value of `k` into each of `outs`.
   /// Throws: unknown_key, size_mismatch, invalid_argument (no outputs).
   op pull(key k, std::initializer_list<std::span<T>> outs, int priority = 0) {
-    if (outs.size() == 0) detail::local_fail(errc::invalid_argument, "pull", k, "no outputs");
+    if (outs.size() == 0) detail::fail(errc::invalid_argument, "pull", k, "no outputs");
     return pull_groups("pull", {group_out{&find("pull", k), {outs.begin(), outs.end()}}},
                        priority);
   }
@@ -226,10 +208,7 @@ class KVStore<local, T> {
   /// Pulls several keys as one op (one part per key). Throws as pull, and invalid_argument when
   /// ks and outs differ in length; nothing is pulled when any key fails.
   op pull(std::span<const key> ks, std::span<const std::span<T>> outs, int priority = 0) {
-    if (ks.size() != outs.size())
-      throw error(errc::invalid_argument, "kvstore: pull of " + std::to_string(ks.size()) +
-                                              " keys into " + std::to_string(outs.size()) +
-                                              " outputs");
+    detail::check_count("pull", ks.size(), "into", outs.size(), "outputs");
     std::vector<group_out> groups;
     {
       std::shared_lock lk(impl_->m);
@@ -377,12 +356,12 @@ class KVStore<local, T> {
       auto it = impl_->keys.find(id);
       const key shown = ks.name.empty() ? key(static_cast<std::int64_t>(id)) : key(ks.name);
       if (it == impl_->keys.end() || it->second->k.name() != ks.name)
-        detail::local_fail(errc::unknown_key, "load_optimizer_states", shown,
+        detail::fail(errc::unknown_key, "load_optimizer_states", shown,
                            "the file has a state for it, the store has no such key");
       auto& e = *it->second;
       if (!ks.st.slots.empty() &&
           (ks.st.slots.size() != slots || ks.st.slots.front().size() != e.size))
-        detail::local_fail(errc::size_mismatch, "load_optimizer_states", e.k,
+        detail::fail(errc::size_mismatch, "load_optimizer_states", e.k,
                            "saved state has " + std::to_string(ks.st.slots.size()) +
                                " slots of " + detail::elems(ks.st.slots.front().size()) +
                                ", expected " + std::to_string(slots) + " of " +
@@ -435,7 +414,7 @@ class KVStore<local, T> {
   // k's id belongs to another name.
   entry& find_locked(std::string_view call, const key& k) const {
     auto it = impl_->keys.find(k.id());
-    if (it == impl_->keys.end()) detail::local_fail(errc::unknown_key, call, k, "never inited");
+    if (it == impl_->keys.end()) detail::fail(errc::unknown_key, call, k, "never inited");
     entry& e = *it->second;
     check_same_name(call, e.k, k);
     return e;
@@ -445,33 +424,14 @@ class KVStore<local, T> {
     return find_locked(call, k);
   }
   static void check_same_name(std::string_view call, const key& have, const key& k) {
-    if (have.is_named() != k.is_named() || have.name() != k.name())
-      detail::local_fail(errc::invalid_argument, call, k,
-                         "its id " + std::to_string(k.id()) + " is already taken by key " +
-                             have.str());
+    detail::check_same_name(call, have, k);
   }
   static void check_size(std::string_view call, const entry& e, std::size_t n) {
-    if (n != e.size)
-      detail::local_fail(errc::size_mismatch, call, e.k,
-                         "size " + std::to_string(n) + " does not match the key's size " +
-                             std::to_string(e.size));
+    detail::check_size(call, e.k, e.size, n);
   }
   static void check_rows(std::string_view call, const entry& e,
                          std::span<const std::int64_t> rows, std::size_t n) {
-    if (e.row_length == 0)
-      detail::local_fail(errc::not_a_matrix, call, e.k,
-                         "it was inited without a row length, so it has no rows");
-    const auto nrows = static_cast<std::int64_t>(e.rows());
-    for (std::int64_t r : rows)
-      if (r < 0 || r >= nrows)
-        detail::local_fail(errc::row_out_of_range, call, e.k,
-                           "row " + std::to_string(r) + " is out of range (the key has " +
-                               std::to_string(nrows) + " rows)");
-    if (n != rows.size() * e.row_length)
-      detail::local_fail(errc::invalid_argument, call, e.k,
-                         std::to_string(rows.size()) + " rows of " + std::to_string(e.row_length) +
-                             " need " + detail::elems(rows.size() * e.row_length) + ", given " +
-                             std::to_string(n));
+    detail::check_rows(call, e.k, e.size, e.row_length, rows, n);
   }
 
   void init_entries(std::vector<init_item> items) {
@@ -494,7 +454,7 @@ class KVStore<local, T> {
         for (std::size_t j = 0; j < i; ++j)
           if (made[j]->k.id() == k.id()) check_same_name("init", made[j]->k, k);
       }
-      if (twice) detail::local_fail(errc::already_inited, "init", k, "inited twice");
+      if (twice) detail::fail(errc::already_inited, "init", k, "inited twice");
     }
     for (auto& e : made) {
       const std::uint64_t id = e->k.id();

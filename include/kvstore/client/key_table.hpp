@@ -1,0 +1,49 @@
+// A worker's records of its keys, by id: read by every op from any thread, added at init, and
+// removed only when an init fails. Records never move and live as long as the table (a removed
+// one too: an op racing the failed init may hold it), so an op keeps a plain pointer.
+#pragma once
+
+#include <kvstore/client/key_record.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace kvstore::detail {
+
+class key_table {
+ public:
+  /// The record of `id`, or nullptr.
+  key_record* find(std::uint64_t id) const {
+    std::shared_lock lk(m_);
+    auto it = records_.find(id);
+    return it == records_.end() ? nullptr : it->second.get();
+  }
+
+  /// Adds `r` unless its id is taken; returns the record now under that id and whether it is r.
+  std::pair<key_record*, bool> add(std::unique_ptr<key_record> r) {
+    std::unique_lock lk(m_);
+    auto [it, added] = records_.try_emplace(r->k.id(), nullptr);
+    if (added) it->second = std::move(r);
+    return {it->second.get(), added};
+  }
+
+  /// Forgets a key whose init failed.
+  void remove(std::uint64_t id) {
+    std::unique_lock lk(m_);
+    auto it = records_.find(id);
+    if (it == records_.end()) return;
+    removed_.push_back(std::move(it->second));
+    records_.erase(it);
+  }
+
+ private:
+  mutable std::shared_mutex m_;
+  std::unordered_map<std::uint64_t, std::unique_ptr<key_record>> records_;
+  std::vector<std::unique_ptr<key_record>> removed_;
+};
+
+}  // namespace kvstore::detail
