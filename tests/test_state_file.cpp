@@ -122,6 +122,19 @@ TEST_CASE("a file that is not a state file is refused" * doctest::timeout(60)) {
   CHECK(e->code() == errc::bad_file);
 }
 
+TEST_CASE("a huge file that is not a state file is refused before it is read" * doctest::timeout(20)) {
+  // 1 TiB, sparse: reading it whole (as the loader once did before checking the magic) would
+  // take hours or fail to allocate; the magic is checked after 8 bytes.
+  temp_dir d;
+  const auto p = d.path / "huge";
+  { std::ofstream(p) << "NOTSTATE"; }
+  fs::resize_file(p, std::uintmax_t{1} << 40);
+  auto e = error_of([&] { (void)optim::load_states<float>(p, "sgd"); });
+  REQUIRE(e);
+  CHECK(e->code() == errc::bad_file);
+  CHECK(std::string(e->what()).find("magic") != std::string::npos);
+}
+
 TEST_CASE("a truncated file is refused at every length" * doctest::timeout(60)) {
   temp_dir d;
   const auto src = d.path / "good";

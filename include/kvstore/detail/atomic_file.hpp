@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -115,24 +116,32 @@ inline void write_file_atomically(const std::filesystem::path& path,
 
 /// The whole content of the regular file at `path`. Throws kvstore::error(io_error) naming the
 /// path and the reason when it cannot be opened or read (missing, a directory, no permission).
-inline std::string read_file(const std::filesystem::path& path) {
+/// The whole file. With `magic`, a file that does not start with it is not read further: only
+/// its first magic.size() bytes are returned (so a caller's "wrong magic" error comes at once,
+/// not after reading a large file of something else into memory).
+inline std::string read_file(const std::filesystem::path& path, std::string_view magic = {}) {
   unique_fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (f.get() < 0) throw_io_error("cannot open", path, errno);
   struct ::stat st {};
   if (::fstat(f.get(), &st) != 0) throw_io_error("cannot stat", path, errno);
   if (!S_ISREG(st.st_mode)) throw_io_error("cannot read", path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
   std::string out;
-  out.reserve(static_cast<std::size_t>(st.st_size));
   char buf[1 << 16];
-  for (;;) {
-    const ::ssize_t k = ::read(f.get(), buf, sizeof buf);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      throw_io_error("cannot read", path, errno);
+  auto read_some = [&](std::size_t most) {
+    for (;;) {
+      const ::ssize_t k = ::read(f.get(), buf, std::min(most, sizeof buf));
+      if (k >= 0) return static_cast<std::size_t>(k);
+      if (errno != EINTR) throw_io_error("cannot read", path, errno);
     }
-    if (k == 0) break;
-    out.append(buf, static_cast<std::size_t>(k));
+  };
+  while (out.size() < magic.size()) {
+    const std::size_t k = read_some(magic.size() - out.size());
+    if (k == 0) return out;
+    out.append(buf, k);
   }
+  if (out != magic) return out;
+  out.reserve(static_cast<std::size_t>(st.st_size));
+  while (const std::size_t k = read_some(sizeof buf)) out.append(buf, k);
   return out;
 }
 

@@ -240,7 +240,8 @@ std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
 template <class T>
 std::map<std::uint64_t, key_state<T>> load_states(const std::filesystem::path& path,
                                                   std::string_view expected_optimizer_name) {
-  const std::string bytes = kvstore::detail::read_file(path);
+  const std::string bytes = kvstore::detail::read_file(
+      path, {kvstore::detail::state_file_magic, sizeof kvstore::detail::state_file_magic});
   return parse_states<T>(bytes, expected_optimizer_name, path.string());
 }
 
