@@ -169,6 +169,20 @@ TEST_CASE("child worker process (runs only when re-executed by the killed-worker
   std::_Exit(rc);
 }
 
+TEST_CASE("a scheduler address that can never resolve fails at once, not at the connect deadline" *
+          doctest::timeout(30)) {
+  for (const char* host : {"http://x", "[::1]:9091", "a b", "", "x..y"}) {
+    kvstore::dist_options o;
+    o.scheduler_host = host;
+    o.scheduler_port = 9;
+    o.connect_timeout = std::chrono::milliseconds(20'000);
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_error([&] { KVStore<dist> kv(o); }, errc::invalid_argument,
+                 {"scheduler", "not a host name or an IP address"});
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  }
+}
+
 TEST_CASE("misuse is a kvstore::error naming the key, and the servers keep serving everyone" *
           doctest::timeout(30)) {
   auto o = kvtest::test_options(2, 2);

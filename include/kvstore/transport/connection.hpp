@@ -32,6 +32,7 @@
 #include <queue>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kvstore::transport {
@@ -518,9 +519,34 @@ class connection : public std::enable_shared_from_this<connection> {
 
 /// Connects to host:port, retrying refused connections until the deadline (the peer may not be
 /// listening yet). Runs on the caller's thread with its own short-lived io_context per attempt.
+/// Whether `host` can ever resolve: an IPv4 or IPv6 literal, or a DNS name (labels of letters,
+/// digits, '-' and '_', at most 63 bytes each, 253 in all). A URL, a "host:port" or a bracketed
+/// address cannot, and is not worth retrying.
+inline bool plausible_host(std::string_view host) {
+  boost::system::error_code ec;
+  asio::ip::make_address(std::string(host), ec);
+  if (!ec) return true;
+  if (host.empty() || host.size() > 253) return false;
+  std::size_t label = 0;
+  for (char c : host) {
+    if (c == '.') {
+      if (label == 0) return false;
+      label = 0;
+      continue;
+    }
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '-' || c == '_';
+    if (!ok || ++label > 63) return false;
+  }
+  return true;
+}
+
 inline tcp::socket connect_with_retry(asio::io_context& io, const std::string& host,
                                       std::uint16_t port, std::chrono::milliseconds timeout,
                                       const std::string& what) {
+  if (!plausible_host(host))
+    throw error(errc::invalid_argument, "cannot reach " + what + " at \"" + host +
+                                            "\": not a host name or an IP address");
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string last = "no attempt";
   for (int attempt = 0;; ++attempt) {
