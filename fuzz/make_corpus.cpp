@@ -5,10 +5,10 @@
 #include <kvstore/fwd.hpp>
 #include <kvstore/optim/all.hpp>
 #include <kvstore/optim/state_file.hpp>
-#include <kvstore/server/checkpoint.hpp>
 #include <kvstore/transport/auth.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
+#include <kvstore/wire/snapshot.hpp>
 
 #include <cstdio>
 #include <filesystem>
@@ -228,11 +228,11 @@ void server_frames() {
 // Server snapshots (fuzz_snapshot: the first byte picks raw bytes (even) or a body wrapped in a
 // valid header (odd)). seed-v1-* are version-1 files kept from before version 2.
 void snapshots() {
-  detail::shard_snapshot s;
+  wire::shard_snapshot s;
   s.rank = 1;
   s.optimizer_name = "sgd";
   s.optimizer_params = optim::make_updater<float>(optim::sgd{}).params;
-  detail::slice_snapshot x;
+  wire::slice_snapshot x;
   x.key = 7;
   x.total = 8;
   x.lo = 4;
@@ -244,12 +244,12 @@ void snapshots() {
   x.applied = {{0, 5}, {1, 4}};
   x.parts = {{1, 5, 2}};  // worker 1's push 5: two frames applied
   s.slices.push_back(x);
-  const std::string file = detail::encode_snapshot(s);
-  const std::size_t head = sizeof detail::snapshot_magic + 4 + 8 + 4;
+  const std::string file = wire::encode_snapshot(s);
+  const std::size_t head = sizeof wire::snapshot_magic + 4 + 8 + 4;
   put("snapshot", "raw", std::string(1, '\0') + file);
   put("snapshot", "body", std::string(1, '\1') + file.substr(head));
   put("snapshot", "empty",
-      std::string(1, '\0') + detail::encode_snapshot(detail::shard_snapshot{}));
+      std::string(1, '\0') + wire::encode_snapshot(wire::shard_snapshot{}));
   put("snapshot", "truncated", std::string(1, '\0') + file.substr(0, file.size() - 9));
 }
 

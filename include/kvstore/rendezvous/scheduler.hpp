@@ -7,8 +7,8 @@
 #include <kvstore/options.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/node_base.hpp>
 #include <kvstore/wire/messages.hpp>
-#include <kvstore/wire/meta.hpp>
 
 #include <chrono>
 #include <map>
@@ -18,31 +18,18 @@
 
 namespace kvstore {
 
-class scheduler final : public transport::frame_handler {
+class scheduler final : public transport::node_base {
   using clock = std::chrono::steady_clock;
 
  public:
   /// Binds the listening socket at once (port 0 picks a free port; see port()).
   /// Throws kvstore::error(unreachable) when the address cannot be bound.
   explicit scheduler(dist_options o)
-      : opts_(std::move(o)), acceptor_(io_), timer_(io_) {
-    std::string host = opts_.bind_host.empty()
-                           ? (opts_.token.empty() ? std::string("127.0.0.1") : std::string("0.0.0.0"))
-                           : opts_.bind_host;
-    if (opts_.bind_host.empty() && opts_.token.empty() && opts_.scheduler_host != "127.0.0.1" &&
-        opts_.scheduler_host != "localhost")
-      host = "0.0.0.0";  // a cluster's scheduler must be reachable; without a token we warn
-    try {
-      transport::tcp::endpoint ep(transport::asio::ip::make_address(host), opts_.scheduler_port);
-      acceptor_.open(ep.protocol());
-      acceptor_.set_option(transport::tcp::acceptor::reuse_address(true));
-      acceptor_.bind(ep);
-      acceptor_.listen();
-    } catch (const std::exception& e) {
-      throw error(errc::unreachable, "scheduler cannot listen on " + host + ":" +
-                                         std::to_string(opts_.scheduler_port) + ": " + e.what());
-    }
-    transport::tls_context(opts_.security(true));  // a bad TLS file is an error now, not later
+      : node_base("scheduler", accept_rules_of(o), host_of(o), o.scheduler_port, true,
+                  "scheduler cannot listen on " + host_of(o) + ":" + std::to_string(o.scheduler_port)),
+        opts_(std::move(o)) {
+    id_ = detail::scheduler_id;
+    const std::string host = host_of(opts_);
     if (opts_.token.empty() && host != "127.0.0.1")
       detail::log_warn("scheduler", "no KVSTORE_TOKEN set but listening on " + host +
                                         ": anyone who reaches the port can join");
@@ -50,7 +37,7 @@ class scheduler final : public transport::frame_handler {
       detail::log_info("scheduler", "no token: listening on loopback only");
   }
 
-  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  using node_base::port;
 
   /// Serves until the job is over (every worker said bye or died, servers told to shut down).
   /// Throws kvstore::error when the job does not gather within connect_timeout.
@@ -68,6 +55,21 @@ class scheduler final : public transport::frame_handler {
   }
 
  private:
+  static std::string host_of(const dist_options& o) {
+    std::string host = transport::bind_host(o.bind_host, o.token);
+    if (o.bind_host.empty() && o.token.empty() && o.scheduler_host != "127.0.0.1" && o.scheduler_host != "localhost")
+      host = "0.0.0.0";  // a cluster's scheduler must be reachable; without a token we warn
+    return host;
+  }
+  static accept_rules accept_rules_of(const dist_options& o) {
+    accept_rules r;
+    r.max_connections = o.max_connections;
+    r.security = o.security(true);
+    r.limits.max_payload = 1 << 20;  // the scheduler takes no tensors
+    r.limits.max_meta = 1 << 20;
+    return r;
+  }
+
   struct node {
     int id = -1;
     int rank = -1;
@@ -81,27 +83,12 @@ class scheduler final : public transport::frame_handler {
     bool left = false;
   };
 
-  void accept() {
-    acceptor_.async_accept([this](boost::system::error_code ec, transport::tcp::socket s) {
-      if (ec) return;  // acceptor closed
-      if (pending_.size() + nodes_.size() >= opts_.max_connections) {
-        detail::log_warn("scheduler", "refused a connection: max_connections reached");
-        boost::system::error_code ig;
-        s.close(ig);
-        return accept();
-      }
-      auto c = std::make_shared<transport::connection>(std::move(s), *this, limits(), opts_.security(true));
-      pending_.insert(c);
-      c->start();
-      accept();
-    });
-  }
-
-  wire::limits limits() const {
-    wire::limits l;
-    l.max_payload = 1 << 20;  // the scheduler takes no tensors
-    l.max_meta = 1 << 20;
-    return l;
+  std::size_t connections() const override { return pending_.size() + nodes_.size(); }
+  void accepted(conn_ptr c) override { pending_.insert(std::move(c)); }
+  void close_all() override {
+    for (auto& n : nodes_)
+      if (n.conn) n.conn->close("job over");
+    for (auto& c : pending_) c->close("job over");
   }
 
   void tick() {
@@ -255,13 +242,12 @@ class scheduler final : public transport::frame_handler {
   }
 
   std::string address_book() const {
-    wire::meta_writer w;
-    w.u32(static_cast<std::uint32_t>(opts_.num_workers)).u32(static_cast<std::uint32_t>(opts_.num_servers));
-    std::vector<const node*> servers(static_cast<std::size_t>(opts_.num_servers));
+    wire::address_book b;
+    b.num_workers = opts_.num_workers;
+    b.servers.resize(static_cast<std::size_t>(opts_.num_servers));
     for (auto& n : nodes_)
-      if (n.r == role::server) servers[static_cast<std::size_t>(n.rank)] = &n;
-    for (auto* s : servers) w.u32(static_cast<std::uint32_t>(s->rank)).u32(static_cast<std::uint32_t>(s->id)).str(s->host).u32(s->port);
-    return w.take();
+      if (n.r == role::server) b.servers[static_cast<std::size_t>(n.rank)] = {n.rank, n.id, n.host, n.port};
+    return wire::encode_address_book(b);
   }
 
   void send_book(node& n, const std::string& book, std::uint64_t req) {
@@ -382,18 +368,7 @@ class scheduler final : public transport::frame_handler {
     timer_.async_wait([this](boost::system::error_code) { finish(); });
   }
 
-  void finish() {
-    if (done_) return;
-    done_ = true;
-    boost::system::error_code ec;
-    acceptor_.close(ec);
-    timer_.cancel();
-    for (auto& n : nodes_)
-      if (n.conn) n.conn->close("job over");
-    for (auto& c : pending_) c->close("job over");
-    // Let the closes run, then return from run().
-    transport::asio::post(io_, [this] { io_.stop(); });
-  }
+  void finish() { finish_once(); }
 
   void on_close(transport::connection& c, const std::string& reason) override {
     for (auto it = pending_.begin(); it != pending_.end(); ++it)
@@ -417,23 +392,7 @@ class scheduler final : public transport::frame_handler {
     if (!n->bye && !ending_) mark_dead(*n, "connection lost (" + reason + ")");
   }
 
-  void reply(const std::shared_ptr<transport::connection>& c, std::uint64_t req, errc status,
-             std::string msg, std::uint64_t aux = 0) {
-    if (!c) return;
-    transport::out_frame f;
-    f.h.command = wire::cmd::response;
-    f.h.req_id = req;
-    f.h.status = static_cast<std::uint32_t>(status);
-    f.h.sender = detail::scheduler_id;
-    f.h.aux = aux;
-    f.meta = std::move(msg);
-    c->send(std::move(f));
-  }
-
   dist_options opts_;
-  transport::asio::io_context io_;
-  transport::tcp::acceptor acceptor_;
-  transport::asio::steady_timer timer_;
   std::set<std::shared_ptr<transport::connection>> pending_;  // not registered yet
   std::vector<node> nodes_;
   std::map<transport::connection*, std::uint64_t> reg_req_;
@@ -441,7 +400,6 @@ class scheduler final : public transport::frame_handler {
   clock::time_point start_;
   bool gathered_ = false;
   bool ending_ = false;
-  bool done_ = false;
   std::string failure_;
 };
 

@@ -1,166 +1,35 @@
-// A server's snapshot of its shard: every key slice (metadata, value, round, optimizer state)
-// and the optimizer, in a versioned, checksummed file written atomically (temp file, fsync,
-// rename, fsync of the directory). Loading checks everything before anything is used: a wrong,
-// truncated or corrupt snapshot is refused whole with a clear error, never half-loaded.
+// Where a server's snapshot lives and how it reaches the disk: one file per server rank in the
+// checkpoint directory, written atomically (temp file, fsync, rename, fsync of the directory) and
+// read whole. The bytes are wire/snapshot.hpp's; what the shard puts in them, server/snapshots.hpp's.
 #pragma once
 
 #include <kvstore/detail/atomic_file.hpp>
-#include <kvstore/error.hpp>
-#include <kvstore/wire/frame.hpp>
-#include <kvstore/wire/meta.hpp>
+#include <kvstore/wire/snapshot.hpp>
 
-#include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <string>
-#include <string_view>
-#include <vector>
 
 namespace kvstore::detail {
 
-inline constexpr char snapshot_magic[8] = {'K', 'V', 'S', 'N', 'A', 'P', '0', '1'};
-inline constexpr std::uint32_t snapshot_version = 2;  // 2 added parts; version 1 files still load
-
-/// What a key slice is (key, element type, its range of the whole value, row length) and how
-/// many sync rounds it completed: a server's slice and its snapshot share these fields, so a
-/// snapshot and a restore each copy them in one assignment.
-struct slice_header {
-  std::uint64_t key = 0;
-  wire::dtype type = wire::dtype::none;
-  std::uint64_t total = 0, lo = 0, hi = 0, row_length = 0;
-  std::uint64_t round = 0;
-};
-
-/// An async push sent in several frames, of which the first `frames` were applied when the
-/// snapshot was taken.
-struct part_snapshot {
-  int rank = 0;
-  std::uint64_t seq = 0, frames = 0;
-};
-
-/// One key slice as saved.
-struct slice_snapshot : slice_header {
-  slice_snapshot() { type = wire::dtype::f32; }
-  std::string value;                 // (hi - lo) elements, raw
-  std::uint64_t step = 0;            // optimizer steps applied
-  std::vector<std::string> slots;    // optimizer state slots, raw, (hi - lo) elements each
-  std::vector<std::pair<int, std::uint64_t>> applied;  // per worker: last push applied
-  std::vector<part_snapshot> parts;  // per worker: an async push applied in part (version 2)
-};
-
-struct shard_snapshot {
-  int rank = 0;
-  std::string optimizer_name, optimizer_params;
-  std::vector<slice_snapshot> slices;
-};
+using wire::part_snapshot;
+using wire::shard_snapshot;
+using wire::slice_header;
+using wire::slice_snapshot;
 
 /// The file name of server `rank`'s snapshot in `dir`.
 inline std::filesystem::path snapshot_path(const std::filesystem::path& dir, int rank) {
   return dir / ("server-" + std::to_string(rank) + ".snap");
 }
 
-/// Bytes of a snapshot: magic | u32 version | u64 body length | u32 crc32(body) | body.
-inline std::string encode_snapshot(const shard_snapshot& s) {
-  wire::meta_writer b;
-  b.u32(static_cast<std::uint32_t>(s.rank)).str(s.optimizer_name).str(s.optimizer_params);
-  b.u64(s.slices.size());
-  for (auto& x : s.slices) {
-    b.u64(x.key).u32(static_cast<std::uint32_t>(x.type)).u64(x.total).u64(x.lo).u64(x.hi)
-        .u64(x.row_length).u64(x.round).u64(x.step).u64(x.value.size())
-        .u32(static_cast<std::uint32_t>(x.slots.size()));
-    b.raw(x.value);
-    for (auto& sl : x.slots) b.raw(sl);
-    b.u32(static_cast<std::uint32_t>(x.applied.size()));
-    for (auto [r, q] : x.applied) b.u32(static_cast<std::uint32_t>(r)).u64(q);
-    b.u32(static_cast<std::uint32_t>(x.parts.size()));
-    for (auto& p : x.parts) b.u32(static_cast<std::uint32_t>(p.rank)).u64(p.seq).u64(p.frames);
-  }
-  std::string body = b.take();
-  wire::meta_writer h;
-  h.raw(std::string_view(snapshot_magic, sizeof snapshot_magic)).u32(snapshot_version).u64(body.size()).u32(checksum(body));
-  return h.take() + body;
-}
-
-/// Parses and checks a snapshot; throws kvstore::error(bad_file) naming `what` (the path) and
-/// the problem.
-inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string& what) {
-  auto bad = [&](const std::string& why) -> error {
-    return error(errc::bad_file, "server snapshot '" + what + "': " + why);
-  };
-  const std::size_t head = sizeof snapshot_magic + 4 + 8 + 4;
-  if (bytes.size() < head) throw bad("truncated (" + std::to_string(bytes.size()) + " bytes)");
-  if (std::memcmp(bytes.data(), snapshot_magic, sizeof snapshot_magic) != 0) throw bad("not a kvstore server snapshot");
-  try {
-    wire::meta_reader h(bytes.substr(sizeof snapshot_magic, head - sizeof snapshot_magic));
-    const auto version = h.u32();
-    if (version != snapshot_version && version != 1) throw bad("format version " + std::to_string(version) + ", expected " + std::to_string(snapshot_version));
-    const auto len = h.u64();
-    const auto crc = h.u32();
-    if (len != bytes.size() - head) throw bad("body of " + std::to_string(bytes.size() - head) + " bytes, header says " + std::to_string(len));
-    std::string_view body = bytes.substr(head);
-    if (checksum(body) != crc) throw bad("checksum mismatch (corrupt)");
-    wire::meta_reader r(body);
-    shard_snapshot s;
-    s.rank = static_cast<int>(r.u32());
-    s.optimizer_name = r.str();
-    s.optimizer_params = r.str();
-    const auto n = r.u64();
-    if (n > body.size()) throw bad("implausible slice count");
-    for (std::uint64_t i = 0; i < n; ++i) {
-      slice_snapshot x;
-      x.key = r.u64();
-      const auto t = r.u32();
-      if (t != static_cast<std::uint32_t>(wire::dtype::f32) && t != static_cast<std::uint32_t>(wire::dtype::f64))
-        throw bad("unknown element type " + std::to_string(t));
-      x.type = static_cast<wire::dtype>(t);
-      x.total = r.u64();
-      x.lo = r.u64();
-      x.hi = r.u64();
-      x.row_length = r.u64();
-      x.round = r.u64();
-      x.step = r.u64();
-      const auto vbytes = r.u64();
-      const auto nslots = r.u32();
-      const std::size_t elem = wire::dtype_size(x.type);
-      if (x.lo >= x.hi || x.hi > x.total || (x.row_length && (x.total % x.row_length || x.lo % x.row_length || x.hi % x.row_length)))
-        throw bad("slice [" + std::to_string(x.lo) + ", " + std::to_string(x.hi) + ") of " + std::to_string(x.total) + " is not valid");
-      if ((x.hi - x.lo) > r.remaining() / elem || vbytes != (x.hi - x.lo) * elem) throw bad("value size does not match its slice");
-      if (nslots > 16) throw bad("too many optimizer slots");
-      x.value = std::string(r.bytes(vbytes));
-      for (std::uint32_t k = 0; k < nslots; ++k) x.slots.emplace_back(r.bytes(vbytes));
-      const auto napplied = r.u32();
-      if (napplied > r.remaining() / 12) throw bad("implausible worker count");
-      for (std::uint32_t k = 0; k < napplied; ++k) {
-        const auto rank = r.u32();
-        x.applied.emplace_back(static_cast<int>(rank), r.u64());
-      }
-      if (version >= 2) {
-        const auto nparts = r.u32();
-        if (nparts > r.remaining() / 20) throw bad("implausible count of pushes in progress");
-        for (std::uint32_t k = 0; k < nparts; ++k) {
-          part_snapshot p;
-          p.rank = static_cast<int>(r.u32());
-          p.seq = r.u64();
-          p.frames = r.u64();
-          x.parts.push_back(p);
-        }
-      }
-      s.slices.push_back(std::move(x));
-    }
-    if (!r.done()) throw bad("trailing bytes");
-    return s;
-  } catch (const error& e) {
-    if (e.code() == make_error_code(errc::bad_file)) throw;
-    throw bad(std::string("truncated or malformed: ") + e.what());
-  }
-}
-
+/// Writes `s` to `path` atomically. Throws kvstore::error on I/O failure.
 inline void save_snapshot(const std::filesystem::path& path, const shard_snapshot& s) {
-  write_file_atomically(path, encode_snapshot(s));
+  write_file_atomically(path, wire::encode_snapshot(s));
 }
 
+/// Reads and checks the snapshot at `path`. Throws kvstore::error(bad_file) when it is not a
+/// whole, valid snapshot.
 inline shard_snapshot load_snapshot(const std::filesystem::path& path) {
-  return decode_snapshot(read_file(path), path.string());
+  return wire::decode_snapshot(read_file(path), path.string());
 }
 
 }  // namespace kvstore::detail

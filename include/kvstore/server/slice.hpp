@@ -1,0 +1,115 @@
+// One key's slice on a server: the elements [lo, hi) of the key this server owns, its value, its
+// optimizer state, the sync round being gathered, and the bookkeeping that makes a push re-sent
+// after a server restart count exactly once. Plain data and the small rules about it; the shard
+// (server/shard.hpp) decides what happens to it.
+#pragma once
+
+#include <kvstore/optim/all.hpp>
+#include <kvstore/server/coverage.hpp>
+#include <kvstore/wire/frame.hpp>
+#include <kvstore/wire/snapshot.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <type_traits>
+#include <vector>
+
+namespace kvstore::detail {
+
+/// Calls f.template operator()<T>() with T the element type of `t`.
+template <class F>
+decltype(auto) with_dtype(wire::dtype t, F&& f) {
+  if (t == wire::dtype::f64) return f.template operator()<double>();
+  return f.template operator()<float>();
+}
+
+using bytes = std::vector<std::byte>;
+
+/// Where an answer goes: the asker (`Port`, see server/shard.hpp; it may be gone) and its
+/// request id.
+template <class Port>
+struct reply_to {
+  Port port;
+  std::uint64_t req_id = 0;
+};
+
+/// One key's slice on this server.
+template <class Port>
+struct key_slice : wire::slice_header {
+  std::shared_ptr<bytes> value;  // shared with pull answers in flight: copy on write
+  bool inited = false;
+  bool restored = false;  // loaded from a snapshot: re-sent inits are acknowledged
+  std::set<int> init_done;  // workers whose init arrived
+  std::vector<reply_to<Port>> init_waiters;
+
+  // The sync round being gathered.
+  bytes merge;
+  coverage cov;
+  std::set<int> round_done;
+  std::vector<reply_to<Port>> round_waiters;
+  // Exactly-once pushes across a server restart: per worker, the sequence number of its last
+  // push applied (kept in snapshots), and of its push in the round being gathered.
+  std::map<int, std::uint64_t> applied;
+  std::map<int, std::uint64_t> round_seq;
+  // dist_async applies a push sent in several frames frame by frame. Per worker, the push in
+  // progress: its sequence number, how many of its frames were applied (kept in snapshots) and
+  // how many arrived on the worker's current connection. After a restart from a snapshot taken
+  // mid-push, the re-sent push's first `applied` frames are skipped: exactly once, frame by frame.
+  struct part {
+    std::uint64_t seq = 0, applied = 0, received = 0;
+  };
+  std::map<int, part> parts;
+
+  /// Whether to apply this frame (`last`: flagged last) of worker `rank`'s async push `seq` (0:
+  /// not numbered, always applied), and whether it is the push's first frame applied (one
+  /// optimizer step per push). A push of one frame is applied at once, nothing tracked.
+  bool take_async_frame(int rank, std::uint64_t seq, bool last, bool& first) {
+    first = true;
+    if (seq == 0) return true;
+    auto it = parts.find(rank);
+    if (it == parts.end()) {
+      if (last) return true;
+      it = parts.emplace(rank, part{}).first;
+    }
+    auto& p = it->second;
+    if (p.seq != seq) p = part{seq, 0, 0};
+    if (++p.received <= p.applied) return false;  // re-sent: applied before the restart
+    first = p.applied++ == 0;
+    return true;
+  }
+
+  /// A re-sent push this slice already applied (sequence 0: not numbered, never a duplicate).
+  bool duplicate(int rank, std::uint64_t seq) const {
+    if (seq == 0) return false;
+    auto it = applied.find(rank);
+    return it != applied.end() && it->second >= seq;
+  }
+
+  optim::state<float> st_f;
+  optim::state<double> st_d;
+  /// The optimizer state of element type T.
+  template <class T>
+  optim::state<T>& state() {
+    if constexpr (std::is_same_v<T, float>) return st_f;
+    else return st_d;
+  }
+  template <class T>
+  const optim::state<T>& state() const {
+    if constexpr (std::is_same_v<T, float>) return st_f;
+    else return st_d;
+  }
+
+  std::size_t elem() const { return wire::dtype_size(type); }
+  std::uint64_t size() const { return hi - lo; }
+
+  /// The value, copied first if a pull answer still reads the current one.
+  bytes& mutable_value() {
+    if (value.use_count() > 1) value = std::make_shared<bytes>(*value);
+    return *value;
+  }
+};
+
+}  // namespace kvstore::detail

@@ -1,0 +1,573 @@
+// The server's shard without a socket: requests are built by hand, answers land in an outbox per
+// worker. Rounds, async apply, chunked and re-sent pushes, rows, optimizers, state transfer,
+// snapshots, membership and errors, with exact values.
+#include <kvstore/server/shard.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+
+#include <kvstore/server/snapshots.hpp>
+#include <kvstore/wire/messages.hpp>
+#include <kvstore/wire/meta.hpp>
+#include <kvstore/wire/snapshot.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace {
+
+using kvstore::errc;
+namespace wire = kvstore::wire;
+namespace optim = kvstore::optim;
+
+/// One answer the shard sent: a response (status, message) or a frame with a payload.
+struct answer {
+  wire::header h;
+  errc status = errc::ok;
+  std::string message;
+  std::vector<float> values;  // the payload read as floats (data frames)
+  std::string raw;            // the payload's bytes
+  bool data = false;
+};
+
+struct outbox {
+  std::vector<answer> got;
+};
+
+/// The test's Port: answers go to a worker's outbox.
+struct box_port {
+  std::shared_ptr<outbox> box;
+  void reply(std::uint64_t req, errc status, std::string msg) const {
+    answer a;
+    a.h.req_id = req;
+    a.status = status;
+    a.message = std::move(msg);
+    box->got.push_back(std::move(a));
+  }
+  void send(const wire::header& h, std::span<const std::byte> payload, std::shared_ptr<const void> keep) const {
+    CHECK(keep != nullptr);
+    answer a;
+    a.h = h;
+    a.status = static_cast<errc>(h.status);
+    a.data = h.command == wire::cmd::data;
+    a.raw.assign(reinterpret_cast<const char*>(payload.data()), payload.size());
+    a.values.resize(payload.size() / sizeof(float));
+    if (!a.values.empty()) std::memcpy(a.values.data(), payload.data(), a.values.size() * sizeof(float));
+    box->got.push_back(std::move(a));
+  }
+};
+
+using shard_t = kvstore::detail::shard<box_port>;
+
+std::span<const std::byte> bytes_of(const std::vector<float>& v) {
+  return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(float)};
+}
+
+/// A shard and one port per worker.
+struct fixture {
+  explicit fixture(int workers, bool sync = true, std::size_t chunk_bytes = 1 << 20)
+      : sh(config(workers, sync, chunk_bytes), [this](bool important) { changes.push_back(important); }) {
+    for (int r = 0; r < workers; ++r) ports.push_back({std::make_shared<outbox>()});
+  }
+  static kvstore::detail::shard_config config(int workers, bool sync, std::size_t chunk_bytes) {
+    kvstore::detail::shard_config c;
+    c.num_workers = workers;
+    c.sync = sync;
+    c.chunk_bytes = chunk_bytes;
+    return c;
+  }
+
+  std::vector<answer>& got(int rank) { return ports[static_cast<std::size_t>(rank)].box->got; }
+  const box_port& port(int rank) { return ports[static_cast<std::size_t>(rank)]; }
+
+  /// Every worker inits `key` ([lo, hi) of `total` on this server; rank 0 sends `value`).
+  void init_all(std::uint64_t key, const std::vector<float>& value, std::uint64_t lo, std::uint64_t hi,
+                std::uint64_t total, std::uint64_t row_length = 0) {
+    for (int r = 0; r < static_cast<int>(ports.size()); ++r) init(r, key, r == 0 ? value : std::vector<float>{}, lo, hi, total, row_length);
+    for (int r = 0; r < static_cast<int>(ports.size()); ++r) {
+      REQUIRE(got(r).size() == 1);
+      REQUIRE(got(r).back().status == errc::ok);
+      got(r).clear();
+    }
+  }
+  void init(int rank, std::uint64_t key, const std::vector<float>& value, std::uint64_t lo, std::uint64_t hi,
+            std::uint64_t total, std::uint64_t row_length = 0) {
+    wire::header h;
+    h.command = wire::cmd::init;
+    h.key = key;
+    h.req_id = ++req;
+    h.type = wire::dtype::f32;
+    h.total = total;
+    h.offset = lo;
+    h.aux = row_length;
+    h.flags = wire::flag_last | (value.empty() ? 0u : wire::flag_has_data);
+    h.payload_len = value.size() * sizeof(float);
+    sh.handle(rank, port(rank), h, wire::encode_init_meta({lo, hi}), bytes_of(value));
+  }
+
+  wire::header push_header(std::uint64_t key, std::uint64_t offset, std::size_t n, std::uint64_t total,
+                           std::uint64_t seq = 0, bool last = true) {
+    wire::header h;
+    h.command = wire::cmd::push;
+    h.key = key;
+    h.req_id = ++req;
+    h.type = wire::dtype::f32;
+    h.total = total;
+    h.offset = offset;
+    h.aux = seq;
+    h.flags = last ? wire::flag_last : 0u;
+    h.payload_len = n * sizeof(float);
+    return h;
+  }
+  /// One frame of a push of elements [offset, offset + v.size()).
+  void push(int rank, std::uint64_t key, const std::vector<float>& v, std::uint64_t offset, std::uint64_t total,
+            std::uint64_t seq = 0, bool last = true) {
+    sh.handle(rank, port(rank), push_header(key, offset, v.size(), total, seq, last), {}, bytes_of(v));
+  }
+  void push_rows(int rank, std::uint64_t key, const std::vector<std::int64_t>& rows, const std::vector<float>& v,
+                 std::uint64_t total, std::uint64_t seq = 0) {
+    wire::header h = push_header(key, 0, v.size(), total, seq);
+    h.command = wire::cmd::push_rows;
+    sh.handle(rank, port(rank), h, wire::encode_rows(rows.data(), rows.size()), bytes_of(v));
+  }
+
+  /// The value a pull of `key` answers, put together from its data frames.
+  std::vector<float> pull(std::uint64_t key, std::uint64_t total, std::uint64_t lo = 0, int rank = 0) {
+    wire::header h;
+    h.command = wire::cmd::pull;
+    h.key = key;
+    h.req_id = ++req;
+    h.type = wire::dtype::f32;
+    h.total = total;
+    auto& g = got(rank);
+    g.clear();
+    sh.handle(rank, port(rank), h, {}, {});
+    std::vector<float> out;
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      REQUIRE(g[i].data);
+      CHECK(g[i].h.req_id == h.req_id);
+      CHECK(g[i].h.offset == lo + out.size());
+      CHECK(((g[i].h.flags & wire::flag_last) != 0) == (i + 1 == g.size()));
+      out.insert(out.end(), g[i].values.begin(), g[i].values.end());
+    }
+    g.clear();
+    return out;
+  }
+  std::vector<float> pull_rows(std::uint64_t key, const std::vector<std::int64_t>& rows, std::uint64_t total) {
+    wire::header h;
+    h.command = wire::cmd::pull_rows;
+    h.key = key;
+    h.req_id = ++req;
+    h.type = wire::dtype::f32;
+    h.total = total;
+    auto& g = got(0);
+    g.clear();
+    sh.handle(0, port(0), h, wire::encode_rows(rows.data(), rows.size()), {});
+    std::vector<float> out;
+    for (auto& a : g) {
+      REQUIRE(a.data);
+      CHECK((a.h.flags & wire::flag_rows) != 0);
+      out.insert(out.end(), a.values.begin(), a.values.end());
+    }
+    g.clear();
+    return out;
+  }
+  void set_optimizer(const std::string& name, const std::string& params) {
+    wire::header h;
+    h.command = wire::cmd::set_optimizer;
+    h.req_id = ++req;
+    sh.handle(0, port(0), h, wire::encode_optimizer({name, params}), {});
+    REQUIRE(got(0).size() == 1);
+    REQUIRE(got(0).back().status == errc::ok);
+    got(0).clear();
+  }
+  /// The save_states answer's payload and entry count.
+  std::pair<std::string, std::uint64_t> save_states() {
+    wire::header h;
+    h.command = wire::cmd::save_states;
+    h.req_id = ++req;
+    got(0).clear();
+    sh.handle(0, port(0), h, {}, {});
+    REQUIRE(got(0).size() == 1);
+    auto a = got(0).back();
+    got(0).clear();
+    CHECK(a.h.command == wire::cmd::response);
+    return {a.raw, a.h.aux};
+  }
+  void load_states(const std::string& payload) {
+    wire::header h;
+    h.command = wire::cmd::load_states;
+    h.req_id = ++req;
+    h.payload_len = payload.size();
+    sh.handle(0, port(0), h, {}, {reinterpret_cast<const std::byte*>(payload.data()), payload.size()});
+  }
+
+  shard_t sh;
+  std::vector<box_port> ports;
+  std::vector<bool> changes;
+  std::uint64_t req = 0;
+};
+
+errc code_of(const kvstore::error& e) { return static_cast<errc>(e.code().value()); }
+
+template <class F>
+errc error_of(F&& f) {
+  try {
+    f();
+  } catch (const kvstore::error& e) {
+    return code_of(e);
+  }
+  return errc::ok;
+}
+
+std::string params_of(const auto& o) { return optim::make_updater<float>(o).params; }
+
+}  // namespace
+
+TEST_CASE("a sync round sums every worker's push; acks wait for the round" * doctest::timeout(10)) {
+  fixture f(3);
+  f.init_all(1, {1, 2, 3, 4}, 0, 4, 4);
+  CHECK(f.sh.slices().at(1).round == 0);
+  f.push(0, 1, {1, 1, 1, 1}, 0, 4);
+  f.push(1, 1, {2, 2, 2, 2}, 0, 4);
+  CHECK(f.got(0).empty());
+  CHECK(f.got(1).empty());
+  // A pull while the round is gathered sees the last round's value (the worker's engine orders a
+  // pull after its own push, whose ack only comes with the round).
+  CHECK(f.pull(1, 4, 0, 2) == std::vector<float>{1, 2, 3, 4});
+  f.push(2, 1, {3, 4, 5, 6}, 0, 4);
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE(f.got(r).size() == 1);
+    CHECK(f.got(r)[0].status == errc::ok);
+  }
+  CHECK(f.pull(1, 4) == std::vector<float>{6, 7, 8, 9});  // no optimizer: the sum is stored
+  CHECK(f.sh.slices().at(1).round == 1);
+  // The next round starts empty.
+  f.push(0, 1, {1, 0, 0, 0}, 0, 4);
+  f.push(1, 1, {0, 1, 0, 0}, 0, 4);
+  f.push(2, 1, {0, 0, 1, 0}, 0, 4);
+  CHECK(f.pull(1, 4) == std::vector<float>{1, 1, 1, 0});
+}
+
+TEST_CASE("a pull is answered in chunks of chunk_bytes, offsets absolute" * doctest::timeout(10)) {
+  fixture f(1, true, 3 * sizeof(float));
+  f.init_all(5, {1, 2, 3, 4, 5, 6, 7}, 10, 17, 20);
+  CHECK(f.pull(5, 20, 10) == std::vector<float>{1, 2, 3, 4, 5, 6, 7});
+}
+
+TEST_CASE("a push in several frames: staged with two workers, read in place with one" * doctest::timeout(10)) {
+  SUBCASE("two workers, frames interleaved") {
+    fixture f(2);
+    f.init_all(2, {0, 0, 0, 0, 0, 0}, 0, 6, 6);
+    f.push(0, 2, {1, 1}, 0, 6, 0, false);
+    f.push(1, 2, {10, 10, 10}, 3, 6, 0, false);
+    f.push(0, 2, {2, 2, 2, 2}, 2, 6, 0, true);
+    CHECK(f.got(0).empty());
+    f.push(1, 2, {20, 20, 20}, 0, 6, 0, true);
+    REQUIRE(f.got(0).size() == 1);
+    REQUIRE(f.got(1).size() == 1);
+    CHECK(f.pull(2, 6) == std::vector<float>{21, 21, 22, 12, 12, 12});
+  }
+  SUBCASE("one worker: the payload is read straight into the round's buffer") {
+    fixture f(1);
+    f.init_all(2, {0, 0, 0, 0}, 0, 4, 4);
+    std::vector<float> a{1, 2}, b{3, 4};
+    auto h1 = f.push_header(2, 0, 2, 4, 0, false);
+    auto sink = f.sh.sink(0, h1);
+    REQUIRE(sink.size() == 2 * sizeof(float));
+    std::memcpy(sink.data(), a.data(), sink.size());
+    f.sh.handle(0, f.port(0), h1, {}, sink);
+    auto h2 = f.push_header(2, 2, 2, 4, 0, true);
+    auto sink2 = f.sh.sink(0, h2);
+    REQUIRE(sink2.size() == 2 * sizeof(float));
+    std::memcpy(sink2.data(), b.data(), sink2.size());
+    f.sh.handle(0, f.port(0), h2, {}, sink2);
+    REQUIRE(f.got(0).size() == 1);
+    CHECK(f.pull(2, 4) == std::vector<float>{1, 2, 3, 4});
+    // With two workers in the group nothing is read in place.
+    fixture g(2);
+    g.init_all(2, {0, 0, 0, 0}, 0, 4, 4);
+    CHECK(g.sh.sink(0, g.push_header(2, 0, 2, 4)).empty());
+  }
+}
+
+TEST_CASE("async: each push is applied on arrival, one optimizer step per push" * doctest::timeout(10)) {
+  fixture f(2, /*sync=*/false);
+  f.init_all(3, {1, 1, 1, 1}, 0, 4, 4);
+  f.push(0, 3, {5, 6, 7, 8}, 0, 4);
+  REQUIRE(f.got(0).size() == 1);
+  CHECK(f.pull(3, 4) == std::vector<float>{5, 6, 7, 8});  // no optimizer: stored
+  optim::sgd o;
+  o.learning_rate = 0.5;
+  f.set_optimizer("sgd", params_of(o));
+  // Worker 1 pushes in two frames (sequence 7): one step, both halves updated.
+  f.push(1, 3, {2, 2}, 0, 4, 7, false);
+  CHECK(f.got(1).empty());
+  f.push(1, 3, {4, 4}, 2, 4, 7, true);
+  REQUIRE(f.got(1).size() == 1);
+  CHECK(f.pull(3, 4) == std::vector<float>{5 - 0.5f * 2, 6 - 0.5f * 2, 7 - 0.5f * 4, 8 - 0.5f * 4});
+  CHECK(f.sh.slices().at(3).st_f.step == 1);
+  CHECK(f.sh.slices().at(3).parts.empty());
+  CHECK(f.sh.slices().at(3).applied.at(1) == 7);
+}
+
+TEST_CASE("sgd with momentum and adam on a sync round, values by hand" * doctest::timeout(10)) {
+  SUBCASE("sgd, momentum") {
+    fixture f(2);
+    f.init_all(4, {1, 2}, 0, 2, 2);
+    optim::sgd o;
+    o.learning_rate = 0.1;
+    o.momentum = 0.9;
+    f.set_optimizer("sgd", params_of(o));
+    const float lr = static_cast<float>(0.1), mu = static_cast<float>(0.9);
+    std::vector<float> w{1, 2}, mom{0, 0};
+    for (int step = 0; step < 3; ++step) {
+      f.push(0, 4, {1, -1}, 0, 2);
+      f.push(1, 4, {2, 3}, 0, 2);
+      const float g[2] = {3, 2};
+      for (int i = 0; i < 2; ++i) {
+        mom[i] = mu * mom[i] - lr * g[i];
+        w[i] += mom[i];
+      }
+      CHECK(f.pull(4, 2) == w);
+    }
+    CHECK(f.sh.slices().at(4).st_f.step == 3);
+    CHECK(f.sh.slices().at(4).st_f.slots.at(0) == mom);
+  }
+  SUBCASE("adam") {
+    fixture f(1);
+    f.init_all(4, {1, -1, 0.5f}, 0, 3, 3);
+    optim::adam o;
+    o.learning_rate = 0.01;
+    f.set_optimizer("adam", params_of(o));
+    std::vector<float> w{1, -1, 0.5f}, m(3, 0), v(3, 0);
+    const std::vector<float> grads[2] = {{0.5f, -2, 1}, {1, 1, -0.25f}};
+    for (int t = 1; t <= 2; ++t) {
+      f.push(0, 4, grads[t - 1], 0, 3);
+      const float lr_t = static_cast<float>(0.01 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t)));
+      for (int i = 0; i < 3; ++i) {
+        const float g = grads[t - 1][static_cast<std::size_t>(i)] + 0.0f * w[i];
+        m[i] = 0.9f * m[i] + static_cast<float>(1 - 0.9) * g;
+        v[i] = 0.999f * v[i] + static_cast<float>(1 - 0.999) * g * g;
+        w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + 1e-8f);
+      }
+      CHECK(f.pull(4, 3) == w);
+    }
+    const auto& st = f.sh.slices().at(4).st_f;
+    CHECK(st.step == 2);
+    CHECK(st.slots.at(0) == m);
+    CHECK(st.slots.at(1) == v);
+  }
+}
+
+TEST_CASE("rows: a sync round of row pushes, duplicates summed, pull_rows" * doctest::timeout(10)) {
+  fixture f(2);
+  // Rows 2..4 of a 6 x 2 matrix live here (elements [4, 10)).
+  f.init_all(6, {0, 0, 0, 0, 0, 0}, 4, 10, 12, 2);
+  f.push_rows(0, 6, {2, 4, 2}, {1, 1, 2, 2, 3, 3}, 12);
+  f.push_rows(1, 6, {3}, {5, 6}, 12);
+  REQUIRE(f.got(0).size() == 1);
+  CHECK(f.pull_rows(6, {4, 2, 3}, 12) == std::vector<float>{2, 2, 4, 4, 5, 6});
+  CHECK(f.pull(6, 12, 4) == std::vector<float>{4, 4, 5, 6, 2, 2});
+  SUBCASE("async rows: duplicates summed first") {
+    fixture g(1, false);
+    g.init_all(6, {1, 1, 1, 1, 1, 1}, 4, 10, 12, 2);
+    g.push_rows(0, 6, {2, 2}, {1, 2, 3, 4}, 12);
+    CHECK(g.pull(6, 12, 4) == std::vector<float>{4, 6, 1, 1, 1, 1});
+  }
+}
+
+TEST_CASE("a worker that leaves completes the round; one that dies fails it" * doctest::timeout(10)) {
+  fixture f(2);
+  f.init_all(1, {0, 0}, 0, 2, 2);
+  f.push(0, 1, {1, 2}, 0, 2);
+  CHECK(f.got(0).empty());
+  CHECK(f.sh.worker_left(1));
+  CHECK_FALSE(f.sh.worker_left(1));
+  REQUIRE(f.got(0).size() == 1);
+  CHECK(f.got(0)[0].status == errc::ok);
+  CHECK(f.pull(1, 2) == std::vector<float>{1, 2});
+  // Alone now: the next push completes its round at once.
+  f.push(0, 1, {3, 3}, 0, 2);
+  REQUIRE(f.got(0).size() == 1);
+  CHECK(f.pull(1, 2) == std::vector<float>{3, 3});
+
+  fixture d(2);
+  d.init_all(1, {0, 0}, 0, 2, 2);
+  d.push(0, 1, {1, 2}, 0, 2);
+  d.sh.worker_dead(1, "worker 1 (node 11) died");
+  REQUIRE(d.got(0).size() == 1);
+  CHECK(d.got(0)[0].status == errc::node_dead);
+  CHECK(d.got(0)[0].message.find("worker 1 (node 11) died") != std::string::npos);
+  CHECK(d.pull(1, 2) == std::vector<float>{0, 0});
+  // Later rounds fail at once while the dead worker is in the group.
+  d.push(0, 1, {1, 2}, 0, 2);
+  REQUIRE(d.got(0).size() == 1);
+  CHECK(d.got(0)[0].status == errc::node_dead);
+}
+
+TEST_CASE("inits: others wait for rank 0's value; a death of rank 0 fails them" * doctest::timeout(10)) {
+  fixture f(2);
+  f.init(1, 9, {}, 0, 2, 2);
+  CHECK(f.got(1).empty());
+  f.init(0, 9, {7, 8}, 0, 2, 2);
+  REQUIRE(f.got(1).size() == 1);
+  REQUIRE(f.got(0).size() == 1);
+  CHECK(f.changes == std::vector<bool>{true});
+  CHECK(error_of([&] { f.init(0, 9, {7, 8}, 0, 2, 2); }) == errc::already_inited);
+
+  fixture d(2);
+  d.init(1, 9, {}, 0, 2, 2);
+  d.sh.worker_dead(0, "worker 0 died");
+  REQUIRE(d.got(1).size() == 1);
+  CHECK(d.got(1)[0].status == errc::node_dead);
+}
+
+TEST_CASE("optimizer states: save, load into a twin, the same bytes again" * doctest::timeout(10)) {
+  fixture a(1), b(1);
+  for (auto* f : {&a, &b}) {
+    f->init_all(1, {1, 2, 3}, 0, 3, 3);
+    f->init_all(2, {4, 5}, 2, 4, 6);
+    optim::adam o;
+    f->set_optimizer("adam", params_of(o));
+  }
+  a.push(0, 1, {1, 1, 1}, 0, 3);
+  a.push(0, 2, {1, -1}, 2, 6);
+  a.push(0, 2, {2, 2}, 2, 6);
+  auto [saved, count] = a.save_states();
+  CHECK(count == 2);
+  auto entries = wire::decode_states(saved);
+  REQUIRE(entries.size() == 2);
+  b.load_states(saved);
+  REQUIRE(b.got(0).size() == 1);
+  CHECK(b.got(0)[0].status == errc::ok);
+  CHECK(b.save_states().first.size() == saved.size());
+  CHECK(b.sh.slices().at(2).st_f.step == 2);
+  CHECK(b.sh.slices().at(2).st_f.slots == a.sh.slices().at(2).st_f.slots);
+  CHECK(b.sh.slices().at(1).st_f.slots == a.sh.slices().at(1).st_f.slots);
+
+  // States that do not fit a slice change nothing.
+  fixture c(1);
+  c.init_all(1, {1, 2, 3}, 0, 3, 3);
+  c.init_all(2, {4, 5, 6}, 0, 3, 3);  // another range than the saved one
+  CHECK(error_of([&] { c.load_states(saved); }) == errc::size_mismatch);
+  CHECK(c.sh.slices().at(1).st_f.slots.empty());
+  CHECK(c.sh.slices().at(1).st_f.step == 0);
+  fixture e(1);
+  e.init_all(1, {1, 2, 3}, 0, 3, 3);
+  CHECK(error_of([&] { e.load_states(saved); }) == errc::unknown_key);
+  CHECK(e.sh.slices().at(1).st_f.slots.empty());
+}
+
+TEST_CASE("snapshot round trip: take, encode, decode, restore serves the same" * doctest::timeout(10)) {
+  fixture a(2);
+  a.init_all(1, {1, 2, 3, 4}, 0, 4, 4);
+  a.init_all(3, {0, 0, 0, 0}, 4, 8, 8, 2);
+  optim::sgd o;
+  o.learning_rate = 0.25;
+  o.momentum = 0.5;
+  a.set_optimizer("sgd", params_of(o));
+  a.push(0, 1, {1, 1, 1, 1}, 0, 4, 1);
+  a.push(1, 1, {1, 2, 3, 4}, 0, 4, 1);
+  a.push_rows(0, 3, {3}, {1, 1}, 8, 2);
+  a.push_rows(1, 3, {2}, {2, 2}, 8, 2);
+  const auto snap = kvstore::detail::take_snapshot(a.sh, 0);
+  const std::string file = wire::encode_snapshot(snap);
+  const auto back = wire::decode_snapshot(file, "test");
+
+  fixture b(2);
+  kvstore::detail::restore_snapshot(b.sh, back, 2);
+  CHECK(b.pull(1, 4) == a.pull(1, 4));
+  CHECK(b.pull(3, 8, 4) == a.pull(3, 8, 4));
+  CHECK(b.sh.optimizer_name() == "sgd");
+  CHECK(b.sh.slices().at(1).round == 1);
+  CHECK(b.sh.slices().at(1).st_f.slots == a.sh.slices().at(1).st_f.slots);
+  // The same bytes again, slices in key order (a hash map's order is its own).
+  auto by_key = [](wire::shard_snapshot s) {
+    std::sort(s.slices.begin(), s.slices.end(), [](auto& x, auto& y) { return x.key < y.key; });
+    return wire::encode_snapshot(s);
+  };
+  CHECK(by_key(kvstore::detail::take_snapshot(b.sh, 0)) == by_key(snap));
+  // A re-sent init is answered; a re-sent push that the snapshot holds is acknowledged, not summed.
+  b.init(1, 1, {}, 0, 4, 4);
+  REQUIRE(b.got(1).size() == 1);
+  b.push(0, 1, {100, 100, 100, 100}, 0, 4, 1);
+  REQUIRE(b.got(0).size() == 1);
+  CHECK(b.got(0)[0].status == errc::ok);
+  CHECK(b.pull(1, 4) == a.pull(1, 4));
+  CHECK(b.sh.slices().at(1).round_done.empty());
+}
+
+TEST_CASE("exactly once: an async push re-sent after a restart mid-push" * doctest::timeout(10)) {
+  fixture a(1, false);
+  a.init_all(1, {0, 0, 0}, 0, 3, 3);
+  optim::sgd o;
+  o.learning_rate = 1;
+  a.set_optimizer("sgd", params_of(o));
+  // Push 4 in three frames; the snapshot is taken after two.
+  a.push(0, 1, {1}, 0, 3, 4, false);
+  a.push(0, 1, {2}, 1, 3, 4, false);
+  const auto file = wire::encode_snapshot(kvstore::detail::take_snapshot(a.sh, 0));
+
+  fixture b(1, false);
+  kvstore::detail::restore_snapshot(b.sh, wire::decode_snapshot(file, "test"), 1);
+  CHECK(b.pull(1, 3) == std::vector<float>{-1, -2, 0});
+  // The worker re-sends the whole push on its new connection.
+  b.sh.connection_lost(0);
+  b.push(0, 1, {1}, 0, 3, 4, false);
+  b.push(0, 1, {2}, 1, 3, 4, false);
+  CHECK(b.pull(1, 3) == std::vector<float>{-1, -2, 0});  // skipped: applied before
+  b.push(0, 1, {3}, 2, 3, 4, true);
+  REQUIRE(b.got(0).size() == 1);
+  CHECK(b.pull(1, 3) == std::vector<float>{-1, -2, -3});
+  CHECK(b.sh.slices().at(1).st_f.step == 1);  // one step for the whole push
+  // Re-sent once more (its answer was lost): acknowledged, not applied.
+  b.push(0, 1, {3}, 2, 3, 4, true);
+  CHECK(b.pull(1, 3) == std::vector<float>{-1, -2, -3});
+  // The next push applies.
+  b.push(0, 1, {1, 1, 1}, 0, 3, 5, true);
+  CHECK(b.pull(1, 3) == std::vector<float>{-2, -3, -4});
+}
+
+TEST_CASE("bad requests throw the right error and change nothing" * doctest::timeout(10)) {
+  fixture f(1);
+  f.init_all(1, {1, 2, 3, 4}, 2, 6, 8);
+  f.init_all(2, {1, 2, 3, 4}, 0, 4, 4);  // no row length
+  const std::vector<float> before{1, 2, 3, 4};
+  CHECK(error_of([&] { f.push(0, 1, {1, 1, 1}, 4, 8); }) == errc::size_mismatch);  // past the slice
+  CHECK(error_of([&] { f.push(0, 1, {1}, 0, 8); }) == errc::size_mismatch);        // before it
+  CHECK(error_of([&] { f.push(0, 1, {1}, 2, 9); }) == errc::size_mismatch);        // wrong total
+  CHECK(error_of([&] { f.push(0, 7, {1}, 0, 8); }) == errc::unknown_key);
+  CHECK(error_of([&] { f.push_rows(0, 2, {0}, {1, 1, 1, 1}, 4); }) == errc::not_a_matrix);
+  CHECK(error_of([&] { f.init(0, 1, {1}, 2, 6, 9); }) == errc::size_mismatch);     // re-init, other size
+  CHECK(error_of([&] { f.init(0, 8, {1}, 3, 2, 4); }) == errc::invalid_argument);  // lo > hi
+  {
+    wire::header h = f.push_header(1, 2, 1, 8);
+    h.type = wire::dtype::f64;
+    CHECK(error_of([&] { f.sh.handle(0, f.port(0), h, {}, {}); }) == errc::invalid_argument);
+  }
+  CHECK(error_of([&] { f.set_optimizer("no such optimizer", ""); }) == errc::invalid_argument);
+  CHECK(f.sh.optimizer_name().empty());
+  // A frame bigger than its key's slice is a protocol error before anything is read.
+  CHECK(error_of([&] { (void)f.sh.sink(0, f.push_header(1, 2, 5, 8)); }) == errc::protocol);
+  CHECK(error_of([&] { (void)f.sh.sink(0, f.push_header(7, 0, 1, 8)); }) == errc::protocol);
+  CHECK(f.pull(1, 8, 2) == before);
+  CHECK(f.pull(2, 4) == before);
+  CHECK(f.sh.slices().at(1).round_done.empty());
+  CHECK(f.sh.slices().count(8) == 0);
+
+  fixture r(1);
+  r.init_all(6, {0, 0, 0, 0}, 4, 8, 12, 2);  // rows 2 and 3
+  CHECK(error_of([&] { r.push_rows(0, 6, {1}, {1, 1}, 12); }) == errc::row_out_of_range);
+  CHECK(error_of([&] { r.push_rows(0, 6, {4}, {1, 1}, 12); }) == errc::row_out_of_range);
+  CHECK(error_of([&] { r.push_rows(0, 6, {2}, {1, 1, 1}, 12); }) == errc::size_mismatch);
+  CHECK(error_of([&] { r.pull_rows(6, {0}, 12); }) == errc::row_out_of_range);
+  CHECK(r.pull(6, 12, 4) == std::vector<float>{0, 0, 0, 0});
+  CHECK(r.sh.slices().at(6).round_done.empty());
+}
