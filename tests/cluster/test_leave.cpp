@@ -12,7 +12,7 @@
 #include <cstring>
 #include <string>
 
-#include "dist_cluster.hpp"
+#include "support/cluster.hpp"
 
 #include <atomic>
 #include <vector>

@@ -25,10 +25,10 @@
 // hangs.
 
 #ifndef KV_LAUNCH_PATH
-#error "KV_LAUNCH_PATH must name the kv_launch binary (set in examples/CMakeLists.txt)"
+#error "KV_LAUNCH_PATH must name the kv_launch binary (set in tests/CMakeLists.txt)"
 #endif
 #ifndef DIST_SMOKE_PATH
-#error "DIST_SMOKE_PATH must name the dist_smoke binary (set in examples/CMakeLists.txt)"
+#error "DIST_SMOKE_PATH must name the dist_smoke binary (set in tests/CMakeLists.txt)"
 #endif
 
 extern char** environ;

@@ -22,7 +22,7 @@
 #include <vector>
 
 #ifndef KV_LAUNCH_PATH
-#error "KV_LAUNCH_PATH must name the kv_launch binary (set in examples/CMakeLists.txt)"
+#error "KV_LAUNCH_PATH must name the kv_launch binary (set in tests/CMakeLists.txt)"
 #endif
 
 extern char** environ;
