@@ -369,3 +369,26 @@ TEST_CASE("bad arguments print the usage and exit 2; --help exits 0" * doctest::
   auto ok = run(dir, {"-w2", "--servers=1", "--server=" + server.string(), "--timeout=50", "true"});
   CHECK(ok.code == 0);
 }
+
+TEST_CASE("a value out of range or of the wrong type is refused naming the option" *
+          doctest::timeout(60)) {
+  temp_dir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad{
+      {{"-w", "1", "-s", "1", "--port", "70000", "true"},
+       "the argument ('70000') for option '--port' is out of range: it must be from 1 to 65535"},
+      {{"-w", "0", "-s", "1", "true"},
+       "option '--workers' is out of range: it must be from 1 to 4096"},
+      {{"-w", "1", "-s", "5000", "true"}, "option '--servers' is out of range"},
+      {{"-w", "x", "-s", "1", "true"}, "the argument ('x') for option '--workers' is invalid"},
+      {{"-w", "1", "-s", "1", "--grace", "-1", "true"}, "option '--grace' is out of range"},
+      {{"-w", "1", "-s", "1", "--timeout", "soon", "true"}, "option '--timeout' is invalid"},
+      {{"-w", "1", "-s", "1", "--timeout", "0", "true"}, "--timeout must be positive"},
+  };
+  for (const auto& [args, says] : bad) {
+    auto r = run(dir, args);
+    INFO("expected: " << says);
+    CHECK(r.code == 2);
+    CHECK(r.err.starts_with("kv_launch: "));
+    CHECK(r.err.find(says) != std::string::npos);
+  }
+}
