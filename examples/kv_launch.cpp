@@ -7,8 +7,9 @@
 // writes is echoed with a "[role rank] " prefix. Signals are forwarded, stragglers are terminated
 // after a grace period, and the exit code is that of the first process that failed.
 //
-// Deliberately standalone (plain C++20 + POSIX, no kvstore headers) so that it builds and works
-// even when the library does not, and so that it cannot be affected by the processes it supervises.
+// Deliberately standalone (plain C++20 + POSIX and Boost.Program_options for the command line, no
+// kvstore headers) so that it builds and works even when the library does not, and so that it
+// cannot be affected by the processes it supervises.
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -21,16 +22,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli.hpp"
+
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,6 +41,7 @@ extern char** environ;
 
 namespace {
 
+namespace po = boost::program_options;
 using clock_type = std::chrono::steady_clock;
 using time_point = clock_type::time_point;
 
@@ -50,23 +53,13 @@ constexpr auto kill_delay = std::chrono::seconds(3);
 // A line longer than this is echoed in pieces so that one chatty child cannot exhaust memory.
 constexpr std::size_t max_line = 64 * 1024;
 
-constexpr std::string_view usage_text =
+constexpr std::string_view usage_head =
     "usage: kv_launch -w W -s S [options] [--] PROGRAM ARGS...\n"
     "\n"
     "Starts a kvstore cluster on 127.0.0.1: one scheduler and S servers (kv_server) and W copies\n"
-    "of PROGRAM, prefixing every line of their output with the role and rank.\n"
-    "\n"
-    "options:\n"
-    "  -w, --workers W      number of workers (copies of PROGRAM), at least 1\n"
-    "  -s, --servers S      number of servers, at least 1\n"
-    "  -p, --port P         scheduler port (default: a free port picked at start)\n"
-    "      --server PATH    kv_server binary (default: $KVSTORE_SERVER_BIN, else kv_server next\n"
-    "                       to kv_launch, else kv_server on PATH)\n"
-    "      --type T         sets KVSTORE_TYPE: dist_sync or dist_async (default: inherited)\n"
-    "      --grace SECONDS  how long the servers and scheduler get to exit after the last worker,\n"
-    "                       or everyone after a failure, before SIGTERM (default 15)\n"
-    "      --timeout SECONDS  terminate everything after this long and exit 124 (default: none)\n"
-    "  -h, --help           show this help\n"
+    "of PROGRAM, prefixing every line of their output with the role and rank.\n";
+
+constexpr std::string_view usage_tail =
     "\n"
     "Every child gets KVSTORE_SCHEDULER, KVSTORE_NUM_WORKERS, KVSTORE_NUM_SERVERS, KVSTORE_ROLE "
     "and\n"
@@ -113,101 +106,77 @@ std::string errno_text(int err) { return std::strerror(err); }
 struct options {
   int workers = 0;
   int servers = 0;
-  std::optional<int> port;
+  int port = 0;  // 0: pick a free one
   std::string server_path;
   std::string type;
   double grace_s = 15;
-  std::optional<double> timeout_s;
+  double timeout_s = 0;  // 0: none
   std::vector<std::string> program;
 };
 
-struct usage_error {
-  std::string what;
-};
-
-int parse_int(std::string_view name, std::string_view text, int lo, int hi) {
-  int value = 0;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size() || value < lo || value > hi)
-    throw usage_error{std::string(name) + " needs an integer from " + std::to_string(lo) + " to " +
-                      std::to_string(hi) + ", got '" + std::string(text) + "'"};
-  return value;
+// The options, as Boost.Program_options describes and checks them (types, ranges, --help).
+po::options_description describe(options& opt) {
+  po::options_description d("options", 100);
+  // clang-format off
+  d.add_options()
+      ("workers,w", kvtool::ranged(&opt.workers, 1, 4096)->value_name("W")->required(),
+       "number of workers (copies of PROGRAM), at least 1")
+      ("servers,s", kvtool::ranged(&opt.servers, 1, 4096)->value_name("S")->required(),
+       "number of servers, at least 1")
+      ("port,p", kvtool::ranged(&opt.port, 1, 65535)->value_name("P"),
+       "scheduler port (default: a free port picked at start)")
+      ("server", po::value(&opt.server_path)->value_name("PATH"),
+       "kv_server binary (default: $KVSTORE_SERVER_BIN, else kv_server next to kv_launch, else "
+       "kv_server on PATH)")
+      ("type", po::value(&opt.type)->value_name("T"),
+       "sets KVSTORE_TYPE: dist_sync or dist_async (default: inherited)")
+      ("grace", kvtool::ranged(&opt.grace_s, 0.0, 1e7)->value_name("SECONDS"),
+       "how long the servers and scheduler get to exit after the last worker, or everyone after a "
+       "failure, before SIGTERM (default 15)")
+      ("timeout", kvtool::ranged(&opt.timeout_s, 0.0, 1e7)->value_name("SECONDS"),
+       "terminate everything after this long and exit 124 (default: none)")
+      ("help,h", "show this help");
+  // clang-format on
+  return d;
 }
 
-double parse_seconds(std::string_view name, std::string_view text) {
-  // strtod wants a terminated string; from_chars for double is fine in GCC 12 but strtod is
-  // clearer about accepting "1", "0.5" and "1e3" alike.
-  std::string copy(text);
-  char* end = nullptr;
-  errno = 0;
-  double value = std::strtod(copy.c_str(), &end);
-  if (copy.empty() || end != copy.c_str() + copy.size() || errno != 0 || !std::isfinite(value) ||
-      value < 0 || value > 1e7)
-    throw usage_error{std::string(name) + " needs a number of seconds, got '" + copy + "'"};
-  return value;
+// PROGRAM and its arguments: everything from the first argument that is not an option (or after
+// "--"), so that PROGRAM's own options (sh -c, ls -l) are never taken for ours.
+std::vector<po::option> program_and_args(std::vector<std::string>& args) {
+  std::vector<po::option> out;
+  if (args.empty()) return out;
+  const std::string& first = args[0];
+  const bool dashes = first == "--";
+  if (!dashes && first.size() > 1 && first[0] == '-') return out;  // an option: Boost's to parse
+  po::option o;
+  o.string_key = "program";
+  o.value.assign(args.begin() + (dashes ? 1 : 0), args.end());
+  o.original_tokens = args;
+  args.clear();
+  if (!o.value.empty()) out.push_back(std::move(o));
+  return out;
 }
 
-options parse_args(int argc, char** argv, bool& want_help) {
+// Parses the command line; nullopt after --help (printed); throws po::error on bad usage.
+std::optional<options> parse_args(int argc, char** argv, std::string& help) {
   options opt;
-  bool have_workers = false, have_servers = false;
-  int i = 1;
-  // Returns the value of an option given as "-w 2", "-w2", "--workers 2" or "--workers=2".
-  auto take_value = [&](std::string_view name,
-                        std::optional<std::string_view> attached) -> std::string_view {
-    if (attached) return *attached;
-    if (i + 1 >= argc) throw usage_error{std::string(name) + " needs a value"};
-    return argv[++i];
-  };
-  for (; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg.empty() || arg[0] != '-' || arg == "-") break;  // PROGRAM starts here
-    std::string_view name = arg;
-    std::optional<std::string_view> attached;
-    if (arg.starts_with("--")) {
-      if (auto eq = arg.find('='); eq != std::string_view::npos) {
-        name = arg.substr(0, eq);
-        attached = arg.substr(eq + 1);
-      }
-    } else if (arg.size() > 2) {
-      name = arg.substr(0, 2);
-      attached = arg.substr(2);
-    }
-    if (name == "-h" || name == "--help") {
-      if (attached) throw usage_error{"unknown option '" + std::string(arg) + "'"};
-      want_help = true;
-      return opt;
-    } else if (name == "-w" || name == "--workers") {
-      opt.workers = parse_int(name, take_value(name, attached), 1, 4096);
-      have_workers = true;
-    } else if (name == "-s" || name == "--servers") {
-      opt.servers = parse_int(name, take_value(name, attached), 1, 4096);
-      have_servers = true;
-    } else if (name == "-p" || name == "--port") {
-      opt.port = parse_int(name, take_value(name, attached), 1, 65535);
-    } else if (name == "--server") {
-      opt.server_path = take_value(name, attached);
-      if (opt.server_path.empty()) throw usage_error{"--server needs a path"};
-    } else if (name == "--type") {
-      opt.type = take_value(name, attached);
-      if (opt.type != "dist_sync" && opt.type != "dist_async")
-        throw usage_error{"--type must be dist_sync or dist_async, got '" + opt.type + "'"};
-    } else if (name == "--grace") {
-      opt.grace_s = parse_seconds(name, take_value(name, attached));
-    } else if (name == "--timeout") {
-      opt.timeout_s = parse_seconds(name, take_value(name, attached));
-      if (*opt.timeout_s <= 0) throw usage_error{"--timeout must be positive"};
-    } else {
-      throw usage_error{"unknown option '" + std::string(arg) + "'"};
-    }
-  }
-  for (; i < argc; ++i) opt.program.emplace_back(argv[i]);
-  if (!have_workers) throw usage_error{"the number of workers (-w W) is required"};
-  if (!have_servers) throw usage_error{"the number of servers (-s S) is required"};
-  if (opt.program.empty()) throw usage_error{"no PROGRAM given to run as the workers"};
+  auto visible = describe(opt);
+  std::ostringstream text;
+  text << usage_head << "\n" << visible << usage_tail;
+  help = text.str();
+  po::options_description all;
+  all.add(visible).add_options()("program", po::value(&opt.program)->multitoken());
+  po::variables_map vm;
+  po::store(
+      po::command_line_parser(argc, argv).options(all).extra_style_parser(program_and_args).run(),
+      vm);
+  if (vm.count("help")) return std::nullopt;
+  po::notify(vm);
+  if (opt.type.size() && opt.type != "dist_sync" && opt.type != "dist_async")
+    throw po::error("--type must be dist_sync or dist_async, got '" + opt.type + "'");
+  if (vm.count("server") && opt.server_path.empty()) throw po::error("--server needs a path");
+  if (vm.count("timeout") && opt.timeout_s <= 0) throw po::error("--timeout must be positive");
+  if (opt.program.empty()) throw po::error("no PROGRAM given to run as the workers");
   return opt;
 }
 
@@ -527,7 +496,7 @@ class launcher {
     std::string error;
     int port = 0;
     if (opt_.port) {
-      port = *opt_.port;
+      port = opt_.port;
     } else if (auto picked = pick_free_port(error)) {
       port = *picked;
     } else {
@@ -539,7 +508,7 @@ class launcher {
       return 1;
     }
     start_ = clock_type::now();
-    if (opt_.timeout_s) timeout_at_ = start_ + to_duration(*opt_.timeout_s);
+    if (opt_.timeout_s > 0) timeout_at_ = start_ + to_duration(opt_.timeout_s);
     start_all(port);
     loop();
     drain_and_close_all();
@@ -683,7 +652,7 @@ class launcher {
     auto now = clock_type::now();
     if (timeout_at_ && now >= *timeout_at_ && !timed_out_) {
       timed_out_ = true;
-      message("timed out after " + format_seconds(*opt_.timeout_s) + " s; terminating " +
+      message("timed out after " + format_seconds(opt_.timeout_s) + " s; terminating " +
               running_labels());
       begin_termination(now);
     }
@@ -787,18 +756,18 @@ class launcher {
 
 int main(int argc, char** argv) {
   ensure_standard_fds();
-  options opt;
-  bool want_help = false;
+  std::string help;
+  std::optional<options> opt;
   try {
-    opt = parse_args(argc, argv, want_help);
-  } catch (const usage_error& e) {
-    message(e.what);
-    write_all(STDERR_FILENO, usage_text);
+    opt = parse_args(argc, argv, help);
+  } catch (const po::error& e) {
+    message(e.what());
+    write_all(STDERR_FILENO, help);
     return exit_usage;
   }
-  if (want_help) {
-    write_all(STDOUT_FILENO, usage_text);
+  if (!opt) {
+    write_all(STDOUT_FILENO, help);
     return 0;
   }
-  return launcher(std::move(opt)).run();
+  return launcher(std::move(*opt)).run();
 }

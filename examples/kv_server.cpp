@@ -1,56 +1,60 @@
 // kv_server: a scheduler or a server process built from the kvstore headers.
-//   kv_server --role scheduler|server   (or KVSTORE_ROLE / DMLC_ROLE)
+//   kv_server --role scheduler|server [--port P]   (or KVSTORE_ROLE / DMLC_ROLE)
 // Everything else comes from the same environment as a worker's (KVSTORE_SCHEDULER, ...).
 // A server built this way knows the built-in optimizers; a program that registers its own
 // optimizer types runs its servers itself (construct KVStore<dist> with role server, or build a
 // server like this one that includes the registration).
 #include <kvstore/kvstore.hpp>
 
+#include "cli.hpp"
+
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
-namespace {
-
-void usage(std::FILE* to) {
-  std::fprintf(to,
-               "usage: kv_server [--role scheduler|server] [--port P]\n"
-               "  Runs a kvstore scheduler or server until the job ends.\n"
-               "  Configured by the environment: KVSTORE_ROLE, KVSTORE_SCHEDULER=host:port,\n"
-               "  KVSTORE_NUM_WORKERS, KVSTORE_NUM_SERVERS, KVSTORE_TYPE, KVSTORE_TOKEN\n"
-               "  (DMLC_ROLE, DMLC_PS_ROOT_URI/PORT, DMLC_NUM_WORKER/SERVER also accepted).\n");
-}
-
-}  // namespace
+namespace po = boost::program_options;
 
 int main(int argc, char** argv) {
+  std::string role;
+  int port = -1;
+  po::options_description opts(
+      "usage: kv_server [--role scheduler|server] [--port P]\n"
+      "  Runs a kvstore scheduler or server until the job ends.\n"
+      "  Configured by the environment: KVSTORE_ROLE, KVSTORE_SCHEDULER=host:port,\n"
+      "  KVSTORE_NUM_WORKERS, KVSTORE_NUM_SERVERS, KVSTORE_TYPE, KVSTORE_TOKEN\n"
+      "  (DMLC_ROLE, DMLC_PS_ROOT_URI/PORT, DMLC_NUM_WORKER/SERVER also accepted).\n\n"
+      "options");
+  // clang-format off
+  opts.add_options()
+      ("role", po::value(&role)->value_name("R"), "scheduler or server (default: $KVSTORE_ROLE, $DMLC_ROLE)")
+      ("port", kvtool::ranged(&port, 0, 65535)->value_name("P"),
+       "the scheduler's port (default: the port of $KVSTORE_SCHEDULER)")
+      ("help,h", "show this help");
+  // clang-format on
+  try {
+    po::variables_map vm;
+    // No positional arguments: a stray word is an error, not ignored.
+    po::store(po::command_line_parser(argc, argv).options(opts).positional({}).run(), vm);
+    po::notify(vm);
+    if (vm.count("help")) {
+      std::cout << opts;
+      return 0;
+    }
+  } catch (const po::error& e) {
+    std::cerr << "kv_server: " << e.what() << "\n" << opts;
+    return 2;
+  }
   try {
     auto o = kvstore::dist_options::from_env();
     bool role_given = std::getenv("KVSTORE_ROLE") || std::getenv("DMLC_ROLE");
-    for (int i = 1; i < argc; ++i) {
-      std::string a = argv[i];
-      if (a == "-h" || a == "--help") {
-        usage(stdout);
-        return 0;
-      }
-      if ((a == "--role" || a == "--port") && i + 1 < argc) {
-        std::string v = argv[++i];
-        if (a == "--role") {
-          o.role = kvstore::dist_options::parse_role(v);
-          role_given = true;
-        } else {
-          o.scheduler_port = static_cast<std::uint16_t>(std::stoi(v));
-        }
-        continue;
-      }
-      std::fprintf(stderr, "kv_server: unknown argument '%s'\n", a.c_str());
-      usage(stderr);
-      return 2;
+    if (!role.empty()) {
+      o.role = kvstore::dist_options::parse_role(role);
+      role_given = true;
     }
+    if (port >= 0) o.scheduler_port = static_cast<std::uint16_t>(port);
     if (!role_given || o.role == kvstore::role::worker) {
-      std::fprintf(stderr, "kv_server: give --role scheduler or --role server\n");
-      usage(stderr);
+      std::cerr << "kv_server: give --role scheduler or --role server\n" << opts;
       return 2;
     }
     if (o.role == kvstore::role::scheduler) {

@@ -7,6 +7,7 @@ APT_PACKAGES=(
   cmake ninja-build g++ clang ccache                      # toolchain
   libclang-rt-14-dev                                      # libFuzzer + sanitizer runtimes (scripts/fuzz.sh)
   libboost1.81-dev libboost-serialization1.81-dev         # Boost.Asio + Boost.Serialization
+  libboost-program-options1.81-dev                        # kv_server's and kv_launch's command lines
   doctest-dev libbenchmark-dev libssl-dev                 # tests, benchmarks, TLS/HMAC
   openmpi-bin libopenmpi-dev                              # launching under mpirun
   dataset-fashion-mnist zlib1g-dev                        # the demo's data (.gz) and its reader

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-# Tests (ctest names = target names = tests/<name>.cpp) also run under both sanitizers.
+# Tests (ctest names = target names = tests/<kind>/<name>.cpp) also run under both sanitizers.
 # Add yours here; names whose source does not exist yet are skipped.
 SANITIZER_TESTS=(test_engine test_local_stress test_dist_sync)
 
@@ -39,7 +39,7 @@ run_ctest tests build
 # Sanitizer runs: only SANITIZER_TESTS that exist, and only their targets are built.
 targets=()
 for t in "${SANITIZER_TESTS[@]}"; do
-  [[ -f tests/$t.cpp ]] && targets+=("$t")
+  [[ -n $(find tests -name "$t.cpp" -print -quit) ]] && targets+=("$t")
 done
 if ((${#targets[@]})); then
   regex="^($(IFS='|'; echo "${targets[*]}"))\$"

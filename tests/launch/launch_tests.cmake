@@ -1,7 +1,8 @@
 # Launch tests, included at the end of tests/CMakeLists.txt: real jobs started the way cluster
 # launchers start them (mpirun SPMD and MPMD; Slurm, torchrun and dmlc-tracker environments set
 # by hand, since srun/torchrun/dmlc-tracker are not installed here), on loopback only. The
-# programs come from examples/; the mpirun tests are skipped when mpirun is not installed.
+# programs come from examples/ (kv_server, train_mnist) and tests/process/ (dist_smoke); the mpirun
+# tests are skipped when mpirun is not installed.
 if(KVSTORE_BUILD_EXAMPLES)
   foreach(mode IN ITEMS mpirun_train mpirun_smoke mpirun_mpmd env_slurm env_torchrun env_dmlc)
     # mpirun_train, mpirun_smoke, mpirun_mpmd, launch_env_slurm, launch_env_torchrun, launch_env_dmlc

@@ -3,12 +3,10 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include "support/process.hpp"
+
 #include <dirent.h>
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -25,105 +23,52 @@
 // hangs.
 
 #ifndef KV_LAUNCH_PATH
-#error "KV_LAUNCH_PATH must name the kv_launch binary (set in examples/CMakeLists.txt)"
+#error "KV_LAUNCH_PATH must name the kv_launch binary (set in tests/CMakeLists.txt)"
 #endif
 #ifndef DIST_SMOKE_PATH
-#error "DIST_SMOKE_PATH must name the dist_smoke binary (set in examples/CMakeLists.txt)"
+#error "DIST_SMOKE_PATH must name the dist_smoke binary (set in tests/CMakeLists.txt)"
 #endif
-
-extern char** environ;
 
 namespace {
 
 namespace fs = std::filesystem;
 using clk = std::chrono::steady_clock;
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    char tmpl[] = "/tmp/kvtest_dist_process_XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-struct launch {
-  pid_t pid = -1;
-  fs::path out;
-  clk::time_point began = clk::now();
-  int code = -1;
-  bool reaped = false;
-
-  launch(const temp_dir& dir, const std::vector<std::string>& args, const std::vector<std::string>& env = {})
-      : out(dir.path / "launch.out") {
-    std::vector<std::string> argv_s{KV_LAUNCH_PATH};
-    argv_s.insert(argv_s.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : argv_s) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    // A clean environment for the cluster: no inherited KVSTORE_* / DMLC_* settings.
-    std::vector<std::string> env_s;
-    for (char** e = environ; *e; ++e)
-      if (std::strncmp(*e, "KVSTORE_", 8) != 0 && std::strncmp(*e, "DMLC_", 5) != 0) env_s.emplace_back(*e);
-    env_s.insert(env_s.end(), env.begin(), env.end());
-    std::vector<char*> envp;
-    for (auto& s : env_s) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    const int rc = ::posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    REQUIRE(rc == 0);
-  }
-  ~launch() {
-    if (!reaped) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-  // Waits for kv_launch to exit; returns its exit code.
-  int wait() {
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    reaped = true;
-    code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    return code;
-  }
-  double elapsed() const { return std::chrono::duration<double>(clk::now() - began).count(); }
-  std::string output() const { return read_file(out); }
-  // Waits until the output contains `text` `times` times.
-  bool wait_for(const std::string& text, int times, std::chrono::seconds limit) const {
-    const auto until = clk::now() + limit;
-    for (;;) {
-      const auto o = output();
-      int n = 0;
-      for (auto p = o.find(text); p != std::string::npos; p = o.find(text, p + 1)) ++n;
-      if (n >= times) return true;
-      if (clk::now() > until) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-  }
-};
+using kvtest::read_file;
+using temp_dir = kvtest::temp_dir;
 
 int count_of(const std::string& s, const std::string& what) {
   int n = 0;
   for (auto p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
   return n;
 }
+
+// kv_launch with a clean environment (no inherited KVSTORE_* / DMLC_* settings) plus `env`, its
+// stdout and stderr into one file.
+struct launch {
+  kvtest::child proc;
+  std::string out;
+  clk::time_point began = clk::now();
+
+  launch(const temp_dir& dir, const std::vector<std::string>& args,
+         const std::vector<std::string>& env = {})
+      : out(dir / "launch.out") {
+    std::vector<std::string> argv{KV_LAUNCH_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto e = kvtest::clean_environment();
+    e.insert(e.end(), env.begin(), env.end());
+    proc = kvtest::spawn(std::move(argv), std::move(e), out, out);
+  }
+  pid_t pid() const { return proc.pid(); }
+  // Waits for kv_launch to exit (every case gives it --timeout 60 or less); returns its exit code.
+  int wait() { return proc.wait_exit(std::chrono::seconds(100)); }
+  double elapsed() const { return std::chrono::duration<double>(clk::now() - began).count(); }
+  std::string output() const { return read_file(out); }
+  // Waits until the output contains `text` `times` times.
+  bool wait_for(const std::string& text, int times, std::chrono::seconds limit) const {
+    return kvtest::wait_until([&] { return count_of(output(), text) >= times; }, limit);
+  }
+};
 
 // Children of `parent` whose command line contains every one of `parts` (NUL-separated argv).
 std::vector<pid_t> children_matching(pid_t parent, const std::vector<std::string>& parts) {
@@ -196,7 +141,7 @@ TEST_CASE("kill -9 of a server process: the workers fail with an error naming it
   temp_dir dir;
   launch l(dir, {"-w", "2", "-s", "2", "--grace", "5", "--timeout", "50", "--", DIST_SMOKE_PATH, "--hold"});
   REQUIRE_MESSAGE(l.wait_for("holding", 2, std::chrono::seconds(30)), l.output());
-  auto servers = children_matching(l.pid, {std::string("--role\0server\0", 13)});
+  auto servers = children_matching(l.pid(), {std::string("--role\0server\0", 13)});
   REQUIRE(servers.size() == 2);
   const std::string env = read_file(fs::path("/proc") / std::to_string(servers[0]) / "environ");
   const bool rank0 = env.find(std::string("KVSTORE_RANK=0") + '\0') != std::string::npos;
@@ -222,7 +167,7 @@ TEST_CASE("kill -9 of a worker process: the other worker's sync push fails namin
   launch l(dir, {"-w", "2", "-s", "1", "--grace", "5", "--timeout", "50", "--", DIST_SMOKE_PATH, "--hold"},
            {"KVSTORE_ON_WORKER_DEATH=fail"});
   REQUIRE_MESSAGE(l.wait_for("holding", 2, std::chrono::seconds(30)), l.output());
-  auto workers = children_matching(l.pid, {"dist_smoke", "--hold"});
+  auto workers = children_matching(l.pid(), {"dist_smoke", "--hold"});
   REQUIRE(workers.size() == 2);
   // Which rank is it? kv_launch gives each worker KVSTORE_RANK.
   const std::string env = read_file(fs::path("/proc") / std::to_string(workers[0]) / "environ");

@@ -1,5 +1,5 @@
-// Fault tests with real processes (issue 5, item 7): every case is bounded and asserts an error
-// or a recovery, never a hang.
+// Fault tests with real processes: every case is bounded and asserts an error or a recovery,
+// never a hang.
 //  - a server paused with SIGSTOP: requests fail by their deadline naming it; after SIGCONT new
 //    requests succeed again;
 //  - the scheduler killed mid-training: push/pull go on, barrier and num_dead_node report it,
@@ -18,16 +18,11 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include "dist_cluster.hpp"
-#include "test_helpers.hpp"
+#include "support/cluster.hpp"
+#include "support/helpers.hpp"
+#include "support/process.hpp"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,7 +34,6 @@
 #include <filesystem>
 #include <fstream>
 #include <latch>
-#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -52,8 +46,6 @@
 #error "TRAIN_MNIST_PATH must name the train_mnist binary"
 #endif
 
-extern char** environ;
-
 using namespace std::chrono_literals;
 using kvstore::dist;
 using kvstore::KVStore;
@@ -65,114 +57,22 @@ std::string self_exe;
 
 double since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
 
-struct tmpdir {
-  std::filesystem::path p;
-  tmpdir() {
-    char t[] = "/tmp/kvstore-faults-XXXXXX";
-    p = mkdtemp(t);
-  }
-  ~tmpdir() { std::filesystem::remove_all(p); }
-  std::string operator/(const std::string& f) const { return (p / f).string(); }
-};
+using kvtest::free_port;
+using kvtest::read_file;
+using kvtest::wait_until;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// A child process that is always killed and reaped (SIGCONT first, in case it was stopped).
-struct proc {
-  pid_t pid = -1;
+// A child process with a name and a log (its stdout and stderr); killed and reaped by its guard.
+struct proc : kvtest::child {
   std::string name, log;
-  proc() = default;
-  proc(const proc&) = delete;
-  proc& operator=(const proc&) = delete;
-  proc(proc&& o) noexcept : pid(o.pid), name(std::move(o.name)), log(std::move(o.log)) { o.pid = -1; }
-  proc& operator=(proc&& o) noexcept {
-    if (this != &o) {
-      kill_now();
-      pid = o.pid;
-      name = std::move(o.name);
-      log = std::move(o.log);
-      o.pid = -1;
-    }
-    return *this;
-  }
-  ~proc() { kill_now(); }
-  void kill_now() {
-    if (pid <= 0) return;
-    ::kill(pid, SIGCONT);
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    pid = -1;
-  }
-  // Exit code, 128 + signal, or -1 when it did not end within `limit` (then it is killed).
-  int wait_exit(std::chrono::milliseconds limit) {
-    if (pid <= 0) return -2;
-    const auto end = clk::now() + limit;
-    int status = 0;
-    while (clk::now() < end) {
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(20ms);
-    }
-    kill_now();
-    return -1;
-  }
-  std::string output() const { return slurp(log); }
+  std::string output() const { return read_file(log); }
 };
 
-// Starts argv with exactly `env` (plus PATH), stdout and stderr to `log`.
+// Starts argv with exactly `env` (plus PATH and KVSTORE_LOG=1), stdout and stderr to `log`.
 proc spawn(const std::string& name, std::vector<std::string> argv, std::vector<std::string> env,
            const std::string& log) {
   env.push_back("PATH=/usr/sbin:/usr/bin:/sbin:/bin");
   env.push_back("KVSTORE_LOG=1");
-  std::vector<char*> a, e;
-  for (auto& s : argv) a.push_back(s.data());
-  a.push_back(nullptr);
-  for (auto& s : env) e.push_back(s.data());
-  e.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  proc p;
-  p.name = name;
-  p.log = log;
-  const int rc = ::posix_spawnp(&p.pid, a[0], &fa, nullptr, a.data(), e.data());
-  posix_spawn_file_actions_destroy(&fa);
-  REQUIRE_MESSAGE(rc == 0, "cannot start " << argv[0] << ": " << std::strerror(rc));
-  return p;
-}
-
-// A free TCP port on 127.0.0.1 (for a scheduler process, which needs its port up front), picked
-// below the kernel's ephemeral range so no outgoing connection takes it before the bind.
-std::uint16_t free_port() {
-  static std::mt19937 rng(static_cast<unsigned>(::getpid()));
-  for (int i = 0; i < 64; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(20000 + rng() % 12000));
-    const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    ::close(fd);
-    if (ok) return ntohs(a.sin_port);
-  }
-  FAIL("no free port");
-  return 0;
-}
-
-template <class P>
-bool wait_until(P pred, std::chrono::milliseconds limit) {
-  const auto end = clk::now() + limit;
-  while (clk::now() < end) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return pred();
+  return {kvtest::spawn(std::move(argv), std::move(env), log, log), name, log};
 }
 
 // The environment of a job's scheduler, servers or workers.
@@ -189,7 +89,7 @@ std::vector<std::string> job_env(const std::string& role, const std::string& sch
 
 // A scheduler and servers as kv_server processes on 127.0.0.1.
 struct process_job {
-  tmpdir dir;
+  kvtest::temp_dir dir{"kvstore-faults"};
   std::uint16_t port = free_port();
   std::string sched_addr = "127.0.0.1:" + std::to_string(port);
   int workers, servers;
@@ -369,7 +269,7 @@ TEST_CASE("a server paused with SIGSTOP: requests fail by their deadline naming 
     kv.pull("w", out).wait();
     REQUIRE(out[0] == 1.f);
 
-    REQUIRE(::kill(job.server[0].pid, SIGSTOP) == 0);
+    REQUIRE(::kill(job.server[0].pid(), SIGSTOP) == 0);
     auto t0 = clk::now();
     const std::string push_err = error_of([&] { kv.push("w", g).wait(); });
     const double push_s = since(t0);
@@ -384,7 +284,7 @@ TEST_CASE("a server paused with SIGSTOP: requests fail by their deadline naming 
     CHECK(kv.num_dead_node(2, 1) == 1);
     kv.barrier();  // the scheduler and the workers are unaffected
 
-    REQUIRE(::kill(job.server[0].pid, SIGCONT) == 0);
+    REQUIRE(::kill(job.server[0].pid(), SIGCONT) == 0);
     t0 = clk::now();
     CHECK(wait_until([&] { return kv.num_dead_node(2, 1) == 0; }, 10s));
     MESSAGE("resumed server heard from again after " << since(t0) << " s");
@@ -409,7 +309,7 @@ TEST_CASE("the scheduler killed mid-training: push/pull go on, barrier and num_d
       killed.count_down();
       return;
     }
-    ::kill(job.scheduler.pid, SIGKILL);
+    ::kill(job.scheduler.pid(), SIGKILL);
     CHECK(job.scheduler.wait_exit(5s) == 128 + SIGKILL);
     killed_flag = true;
     killed.count_down();
@@ -472,7 +372,7 @@ void worker_death_case(bool leave) {
                                                         at_round[1] > child_rounds); }, 60s);
     if (!ready || stop) return;
     std::this_thread::sleep_for(300ms);
-    ::kill(child.pid, SIGKILL);
+    ::kill(child.pid(), SIGKILL);
   });
   kvtest::join_on_exit<bool> join_killer{killer, stop, true};
   on_threads(2, [&](int w) {
@@ -564,7 +464,7 @@ mnist_run run_mnist(double kill_at) {
     REQUIRE_MESSAGE(wait_until([&] { return has(workers[0].output(), "train_mnist: dist_sync"); }, 60s),
                     workers[0].output());
     std::this_thread::sleep_for(std::chrono::duration<double>(kill_at));
-    ::kill(job.server[1].pid, SIGKILL);
+    ::kill(job.server[1].pid(), SIGKILL);
     CHECK(job.server[1].wait_exit(5s) == 128 + SIGKILL);
     std::this_thread::sleep_for(300ms);
     job.start_server(1, senv);
@@ -613,22 +513,15 @@ std::string find_tool(const char* name) {
   return {};
 }
 
-// Runs a command (no shell); true on exit code 0. Output goes to `log` (appended).
+// Runs a command (no shell); true on exit code 0 within a minute. Output goes to `log` (appended).
 bool run_cmd(std::vector<std::string> argv, const std::string& log) {
-  std::vector<char*> a;
-  for (auto& s : argv) a.push_back(s.data());
-  a.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, a[0], &fa, nullptr, a.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return false;
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  try {
+    return kvtest::spawn(std::move(argv), kvtest::environment(), log, log,
+                         kvtest::open_mode::append)
+               .wait_exit(60s) == 0;
+  } catch (const std::runtime_error&) {
+    return false;
+  }
 }
 
 // Two namespaces joined by a veth pair: a (10.X.Y.1) and b (10.X.Y.2). Deleted on destruction.
@@ -704,7 +597,7 @@ struct netns_pair {
       const std::string out = log + ".nft";
       std::filesystem::remove(out);
       if (!run_cmd({ip, "netns", "exec", *ns, nft, "list", "chain", "inet", "kvf", "out"}, out)) return -1;
-      const std::string text = slurp(out);
+      const std::string text = read_file(out);
       auto at = text.find("counter packets ");
       if (at != std::string::npos) n += std::atol(text.c_str() + at + 16);
     }
@@ -723,14 +616,14 @@ struct netns_pair {
 
 TEST_CASE("a delayed, lossy link between namespaces: exact training; a dead link fails by the deadline naming the server" *
           doctest::timeout(150)) {
-  tmpdir dir;
+  kvtest::temp_dir dir{"kvstore-faults"};
   netns_pair net(dir / "net.log");
   if (!net.ok) {
-    MESSAGE("skipped: " << net.why << "\n" << slurp(net.log));
+    MESSAGE("skipped: " << net.why << "\n" << read_file(net.log));
     return;
   }
   if (!net.impair()) {
-    MESSAGE("skipped: " << net.why << "\n" << slurp(net.log));
+    MESSAGE("skipped: " << net.why << "\n" << read_file(net.log));
     return;
   }
   MESSAGE("namespaces " << net.a << " (" << net.addr_a << ") and " << net.b << " (" << net.addr_b << "): "

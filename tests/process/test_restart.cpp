@@ -6,22 +6,17 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "dist_cluster.hpp"
-#include "test_helpers.hpp"
+#include "support/cluster.hpp"
+#include "support/helpers.hpp"
+#include "support/process.hpp"
 
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-extern char** environ;
 
 #ifndef KV_SERVER_PATH
 #error "KV_SERVER_PATH must name the kv_server binary"
@@ -31,18 +26,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct tmpdir {
-  std::filesystem::path p;
-  tmpdir() {
-    char t[] = "/tmp/kvstore-restart-XXXXXX";
-    p = mkdtemp(t);
-  }
-  ~tmpdir() { std::filesystem::remove_all(p); }
-};
-
-// Starts kv_server --role server with the job's environment; returns its pid.
-pid_t spawn_server(std::uint16_t sched_port, const std::filesystem::path& dir, int rank,
-                   const char* stderr_file = nullptr, std::vector<std::string> extra_env = {}) {
+// Starts kv_server --role server with the job's environment (stderr into `stderr_file` if given).
+kvtest::child spawn_server(std::uint16_t sched_port, const std::filesystem::path& dir, int rank,
+                           const std::string& stderr_file = {},
+                           std::vector<std::string> extra_env = {}) {
   std::vector<std::string> env = {
       "KVSTORE_ROLE=server",
       "KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(sched_port),
@@ -54,28 +41,16 @@ pid_t spawn_server(std::uint16_t sched_port, const std::filesystem::path& dir, i
       "PATH=/usr/bin:/bin",
   };
   env.insert(env.end(), extra_env.begin(), extra_env.end());
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  if (stderr_file) posix_spawn_file_actions_addopen(&fa, 2, stderr_file, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  const char* argv[] = {KV_SERVER_PATH, "--role", "server", nullptr};
-  pid_t pid = 0;
-  REQUIRE(posix_spawn(&pid, KV_SERVER_PATH, &fa, nullptr, const_cast<char**>(argv), envp.data()) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
+  return kvtest::spawn({KV_SERVER_PATH, "--role", "server"}, std::move(env), {}, stderr_file);
 }
 
-// SIGKILLs server `pid` (running or stopped) and, after a moment, starts it again with rank 0
-// and the same extra environment; returns the new pid.
-pid_t kill_and_restart(pid_t pid, std::uint16_t sched_port, const std::filesystem::path& dir,
-                       std::vector<std::string> extra_env = {}) {
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
+// SIGKILLs the server (running or stopped) and, after a moment, starts it again with rank 0
+// and the same extra environment.
+void kill_and_restart(kvtest::child& server, std::uint16_t sched_port,
+                      const std::filesystem::path& dir, std::vector<std::string> extra_env = {}) {
+  server.kill();
   std::this_thread::sleep_for(200ms);
-  return spawn_server(sched_port, dir, 0, nullptr, std::move(extra_env));
+  server = spawn_server(sched_port, dir, 0, {}, std::move(extra_env));
 }
 
 // A 1 x 1 job whose server is killed and restarted: the worker holds and re-sends its requests,
@@ -88,34 +63,22 @@ kvstore::dist_options restart_options(bool sync) {
   return o;
 }
 
-int wait_exit(pid_t pid, std::chrono::milliseconds limit) {
-  auto end = std::chrono::steady_clock::now() + limit;
-  int status = 0;
-  while (std::chrono::steady_clock::now() < end) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    std::this_thread::sleep_for(20ms);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-  return -1;
-}
-
 }  // namespace
 
 TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is lost or doubled" *
           doctest::timeout(120)) {
-  tmpdir dir;
+  kvtest::temp_dir dir{"kvstore-restart"};
   auto o = restart_options(/*sync=*/true);
   kvstore::scheduler sched(o);
   o.scheduler_port = sched.port();
   std::thread st([&] { sched.run(); });
 
-  pid_t server = spawn_server(o.scheduler_port, dir.p, 0);
+  kvtest::child server = spawn_server(o.scheduler_port, dir.path(), 0);
   std::atomic<int> round{0};
   std::atomic<bool> restarted{false};
   std::thread killer([&] {
     while (round < 40) std::this_thread::sleep_for(1ms);
-    server = kill_and_restart(server, o.scheduler_port, dir.p);  // mid-training, whatever is in flight
+    kill_and_restart(server, o.scheduler_port, dir.path());  // mid-training, whatever is in flight
     restarted = true;
   });
 
@@ -143,10 +106,10 @@ TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is l
     for (float x : rout) REQUIRE(x == static_cast<float>(rounds));
   }
   if (killer.joinable()) killer.join();
-  CHECK(wait_exit(server, 15'000ms) == 0);  // the restarted server ends with the job
+  CHECK(server.wait_exit(15'000ms) == 0);  // the restarted server ends with the job
   sched.stop();
   st.join();
-  CHECK(std::filesystem::exists(kvstore::detail::snapshot_path(dir.p, 0)));
+  CHECK(std::filesystem::exists(kvstore::detail::snapshot_path(dir.path(), 0)));
 }
 
 TEST_CASE("dist_async: a push half applied when its server dies is applied exactly once after the restart" *
@@ -157,7 +120,7 @@ TEST_CASE("dist_async: a push half applied when its server dies is applied exact
   // killed right after such a snapshot reached the disk (found by pausing it with SIGSTOP and
   // reading the file), before the big push completes: the restored server has half of that push,
   // the worker re-sends all of it, and only the other half may be applied.
-  tmpdir dir;
+  kvtest::temp_dir dir{"kvstore-restart"};
   auto o = restart_options(/*sync=*/false);
   o.chunk_bytes = 16 << 10;
   kvstore::scheduler sched(o);
@@ -167,16 +130,16 @@ TEST_CASE("dist_async: a push half applied when its server dies is applied exact
   constexpr int rounds = 40;
   const std::size_t n = std::size_t{1} << 20;  // 4 MiB of float: 256 frames
   const std::vector<std::string> env{"KVSTORE_TYPE=dist_async"};
-  pid_t server = spawn_server(o.scheduler_port, dir.p, 0, nullptr, env);
+  kvtest::child server = spawn_server(o.scheduler_port, dir.path(), 0, {}, env);
   std::atomic<int> round{0};
   std::atomic<bool> restarted{false}, caught_mid_push{false};
   std::thread killer([&] {
     while (round < 5) std::this_thread::sleep_for(1ms);
-    const auto path = kvstore::detail::snapshot_path(dir.p, 0);
+    const auto path = kvstore::detail::snapshot_path(dir.path(), 0);
     const std::uint64_t big = kvstore::key("big").id();
     const auto until = std::chrono::steady_clock::now() + 30s;
     while (!caught_mid_push && round < rounds - 5 && std::chrono::steady_clock::now() < until) {
-      kill(server, SIGSTOP);
+      server.signal(SIGSTOP);
       try {
         for (auto& x : kvstore::detail::load_snapshot(path).slices) {
           if (x.key != big || x.value.size() != n * sizeof(float)) continue;
@@ -188,10 +151,10 @@ TEST_CASE("dist_async: a push half applied when its server dies is applied exact
       } catch (const kvstore::error&) {
       }
       if (caught_mid_push) break;
-      kill(server, SIGCONT);
+      server.signal(SIGCONT);
       std::this_thread::sleep_for(1ms);
     }
-    server = kill_and_restart(server, o.scheduler_port, dir.p, env);
+    kill_and_restart(server, o.scheduler_port, dir.path(), env);
     restarted = true;
   });
 
@@ -227,13 +190,13 @@ TEST_CASE("dist_async: a push half applied when its server dies is applied exact
     for (float x : outs) REQUIRE(x == static_cast<float>(rounds));
   }
   if (killer.joinable()) killer.join();
-  CHECK(wait_exit(server, 15'000ms) == 0);
+  CHECK(server.wait_exit(15'000ms) == 0);
   sched.stop();
   st.join();
 }
 
 TEST_CASE("a corrupt or truncated snapshot is refused with a clear error" * doctest::timeout(60)) {
-  tmpdir dir;
+  kvtest::temp_dir dir{"kvstore-restart"};
   kvstore::detail::shard_snapshot snap;
   snap.rank = 0;
   kvstore::detail::slice_snapshot x;
@@ -242,17 +205,13 @@ TEST_CASE("a corrupt or truncated snapshot is refused with a clear error" * doct
   x.hi = 4;
   x.value = std::string(16, '\1');
   snap.slices.push_back(x);
-  const auto path = kvstore::detail::snapshot_path(dir.p, 0);
+  const auto path = kvstore::detail::snapshot_path(dir.path(), 0);
   kvstore::detail::save_snapshot(path, snap);
   auto good = kvstore::detail::load_snapshot(path);
   REQUIRE(good.slices.size() == 1);
   CHECK(good.slices[0].value == x.value);
 
-  std::string bytes;
-  {
-    std::ifstream in(path, std::ios::binary);
-    bytes.assign(std::istreambuf_iterator<char>(in), {});
-  }
+  const std::string bytes = kvtest::read_file(path);
   for (std::size_t cut : {std::size_t{0}, std::size_t{7}, std::size_t{20}, bytes.size() - 1}) {
     std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(cut));
     CHECK_THROWS_WITH_AS(kvstore::detail::load_snapshot(path), doctest::Contains("server snapshot"), kvstore::error);
@@ -265,10 +224,8 @@ TEST_CASE("a corrupt or truncated snapshot is refused with a clear error" * doct
   // A real server refuses to start from it, saying why, instead of serving half a model.
   auto o = kvtest::test_options(1, 1);
   kvstore::scheduler sched(o);
-  const std::string log = (dir.p / "server.err").string();
-  pid_t pid = spawn_server(sched.port(), dir.p, 0, log.c_str());
-  CHECK(wait_exit(pid, 20'000ms) == 1);
-  std::ifstream err(log);
-  std::string text((std::istreambuf_iterator<char>(err)), {});
-  CHECK(text.find("checksum") != std::string::npos);
+  const std::string log = dir / "server.err";
+  kvtest::child server = spawn_server(sched.port(), dir.path(), 0, log);
+  CHECK(server.wait_exit(20'000ms) == 1);
+  CHECK(kvtest::read_file(log).find("checksum") != std::string::npos);
 }

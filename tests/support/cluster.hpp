@@ -27,8 +27,8 @@ inline kvstore::dist_options test_options(int workers, int servers, bool sync = 
   o.heartbeat_interval = std::chrono::milliseconds(100);
   o.dead_timeout = std::chrono::milliseconds(3'000);
   o.threads = 2;
-  // Issue-3 semantics by default in tests: a dead worker is an error; tests of leaving set
-  // leave_group themselves.
+  // A dead worker fails the others' rounds with an error naming it (the library's default lets
+  // it leave the group instead); tests of leaving set leave_group themselves.
   o.on_worker_death = kvstore::worker_death::fail;
   return o;
 }

@@ -3,16 +3,15 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "dist_cluster.hpp"
-#include "test_helpers.hpp"
+#include "support/cluster.hpp"
+#include "support/helpers.hpp"
+#include "support/process.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -29,8 +28,6 @@
 // Errors, not hangs: misuse refused with the servers serving on, a server stopped mid-job, a
 // worker process killed mid-round, rounds that cannot complete hitting their deadline, and
 // garbage sent to a server's or the scheduler's port dropped while real workers carry on.
-
-extern char** environ;
 
 namespace {
 
@@ -483,41 +480,16 @@ TEST_CASE("a worker process killed mid-round: the others' sync push and barrier 
   auto o = kvtest::test_options(2, 1);
   o.on_worker_death = kvstore::worker_death::fail;  // the default, leave_group, lets the rest go on
   kvtest::cluster c(o);
-  int fds[2];
-  REQUIRE(::pipe(fds) == 0);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  std::vector<std::string> env_s;
-  for (char** e = environ; *e; ++e)
-    if (std::strncmp(*e, "KVSTORE_", 8) != 0 && std::strncmp(*e, "DMLC_", 5) != 0) env_s.emplace_back(*e);
-  env_s.push_back("KVTEST_CHILD_WORKER=1");
-  env_s.push_back("KVSTORE_ROLE=worker");
-  env_s.push_back("KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(c.options().scheduler_port));
-  env_s.push_back("KVSTORE_NUM_WORKERS=2");
-  env_s.push_back("KVSTORE_NUM_SERVERS=1");
-  env_s.push_back("KVSTORE_RANK=1");
-  env_s.push_back("KVSTORE_ON_WORKER_DEATH=fail");
-  std::vector<char*> envp;
-  for (auto& s : env_s) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  char self[] = "/proc/self/exe";
-  char filter[] = "--test-case=child worker process*";
-  char* argv[] = {self, filter, nullptr};
-  pid_t pid = -1;
-  REQUIRE(::posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv, envp.data()) == 0);
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(fds[1]);
-  struct reaper {
-    pid_t pid;
-    int fd;
-    ~reaper() {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-      ::close(fd);
-    }
-  } reap{pid, fds[0]};
+  kvtest::temp_dir dir{"kvstore-dist-faults"};
+  const std::string child_out = dir / "child.out";
+  auto env = kvtest::clean_environment();
+  env.insert(env.end(),
+             {"KVTEST_CHILD_WORKER=1", "KVSTORE_ROLE=worker",
+              "KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(c.options().scheduler_port),
+              "KVSTORE_NUM_WORKERS=2", "KVSTORE_NUM_SERVERS=1", "KVSTORE_RANK=1",
+              "KVSTORE_ON_WORKER_DEATH=fail"});
+  kvtest::child child = kvtest::spawn({"/proc/self/exe", "--test-case=child worker process*"},
+                                      std::move(env), child_out);
 
   auto wo = c.options();
   wo.role = kvstore::role::worker;
@@ -532,17 +504,13 @@ TEST_CASE("a worker process killed mid-round: the others' sync push and barrier 
   CHECK(out == filled(4, 3.0f));
   // Wait for the child's "ready".
   std::string line;
-  const auto until = clk::now() + std::chrono::seconds(20);
-  while (line.find("ready\n") == std::string::npos && line.find("failed") == std::string::npos &&
-         clk::now() < until) {
-    pollfd pf{fds[0], POLLIN, 0};
-    if (::poll(&pf, 1, 100) > 0) {
-      char buf[256];
-      auto n = ::read(fds[0], buf, sizeof buf);
-      if (n <= 0) break;
-      line.append(buf, static_cast<std::size_t>(n));
-    }
-  }
+  kvtest::wait_until(
+      [&] {
+        line = kvtest::read_file(child_out);
+        return line.find("ready\n") != std::string::npos ||
+               line.find("failed") != std::string::npos;
+      },
+      std::chrono::seconds(20));
   REQUIRE_MESSAGE(line.find("\nready\n") != std::string::npos, line);
   CHECK(kv.num_dead_node(4, 60) == 0);
   // Round 2: only this worker pushes, then the child dies.
@@ -551,7 +519,7 @@ TEST_CASE("a worker process killed mid-round: the others' sync push and barrier 
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   CHECK_FALSE(p.ready());
   const auto t0 = clk::now();
-  REQUIRE(::kill(pid, SIGKILL) == 0);
+  child.signal(SIGKILL);
   expect_error([&] { p.wait(); }, errc::node_dead, {"worker 1"});
   CHECK(seconds_since(t0) < 5.0);
   expect_error([&] { kv.barrier(); }, errc::node_dead, {"worker 1"});

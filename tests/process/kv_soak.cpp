@@ -1,5 +1,5 @@
 // kv_soak: a load run of a distributed job for a given time, checking that the servers' resident
-// memory stays flat and that every value is exactly right at the end (issue 5, item 8).
+// memory stays flat and that every value is exactly right at the end.
 //
 //   kv_soak --seconds S [--workers W] [--servers N] [--keys K] [--sync | --async]
 //
@@ -16,11 +16,7 @@
 // Exit code: 0 all good, 1 a wrong value or a failed op, 2 memory grew, 3 bad usage.
 #include <kvstore/kvstore.hpp>
 
-#include <fcntl.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
+#include "support/process.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -38,8 +34,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-extern char** environ;
 
 namespace {
 
@@ -109,28 +103,6 @@ std::vector<std::int64_t> rows_for(int w, std::uint64_t s, int k, std::size_t ro
 }
 
 // ---- the server processes ---------------------------------------------------------------------
-struct child {
-  pid_t pid = -1;
-  ~child() {
-    if (pid > 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
-  int wait_exit(std::chrono::seconds limit) {
-    const auto end = clk::now() + limit;
-    int st = 0;
-    while (clk::now() < end) {
-      if (::waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return -1;
-  }
-};
-
 long rss_kib(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
   std::string line;
@@ -147,7 +119,7 @@ struct job {
   kvstore::dist_options opts;
   std::unique_ptr<kvstore::scheduler> sched;
   std::thread sched_thread;
-  std::vector<std::unique_ptr<child>> servers;
+  std::vector<kvtest::child> servers;
   std::vector<std::vector<long>> rss;  // per server, one sample a second
   std::atomic<long> ops{0};
   std::atomic<bool> failed{false};
@@ -177,29 +149,19 @@ struct job {
         fail(std::string("scheduler: ") + e.what());
       }
     });
-    const std::string self = "/proc/self/exe";
     for (int s = 0; s < a.servers; ++s) {
-      std::vector<std::string> env = {
-          "KVSTORE_ROLE=server",
-          "KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(opts.scheduler_port),
-          "KVSTORE_NUM_WORKERS=" + std::to_string(a.workers),
-          "KVSTORE_NUM_SERVERS=" + std::to_string(a.servers),
-          "KVSTORE_TYPE=" + name,
-          "KVSTORE_RANK=" + std::to_string(s)};
-      for (char** e = environ; *e; ++e)
-        if (std::strncmp(*e, "KVSTORE_", 8) != 0 && std::strncmp(*e, "DMLC_", 5) != 0)
-          env.emplace_back(*e);
-      std::vector<char*> envp;
-      for (auto& x : env) envp.push_back(x.data());
-      envp.push_back(nullptr);
-      char a0[] = "kv_soak", a1[] = "--serve";
-      char* argv[] = {a0, a1, nullptr};
-      auto c = std::make_unique<child>();
-      if (::posix_spawn(&c->pid, "/proc/self/exe", nullptr, nullptr, argv, envp.data()) != 0) {
-        std::perror("kv_soak: posix_spawn");
+      auto env = kvtest::clean_environment();
+      env.insert(env.end(), {"KVSTORE_ROLE=server",
+                             "KVSTORE_SCHEDULER=127.0.0.1:" + std::to_string(opts.scheduler_port),
+                             "KVSTORE_NUM_WORKERS=" + std::to_string(a.workers),
+                             "KVSTORE_NUM_SERVERS=" + std::to_string(a.servers),
+                             "KVSTORE_TYPE=" + name, "KVSTORE_RANK=" + std::to_string(s)});
+      try {
+        servers.push_back(kvtest::spawn({"/proc/self/exe", "--serve"}, std::move(env)));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "kv_soak: %s\n", e.what());
         std::exit(1);
       }
-      servers.push_back(std::move(c));
     }
     rss.resize(static_cast<std::size_t>(a.servers));
     delta.resize(static_cast<std::size_t>(a.workers));
@@ -217,8 +179,8 @@ struct job {
 
   void sample() {
     for (std::size_t s = 0; s < servers.size(); ++s)
-      if (servers[s]->pid > 0) {
-        long r = rss_kib(servers[s]->pid);
+      if (servers[s].pid() > 0) {
+        long r = rss_kib(servers[s].pid());
         if (r > 0) rss[s].push_back(r);
       }
   }
@@ -564,7 +526,7 @@ int main(int argc, char** argv) {
   long total = 0;
   for (auto& j : jobs) {
     for (auto& s : j->servers) {
-      const int code = s->wait_exit(std::chrono::seconds(20));
+      const int code = s.wait_exit(std::chrono::seconds(20));
       if (code != 0) {
         std::printf("kv_soak %s: a server ended with %d\n", j->name.c_str(), code);
         rc = 1;

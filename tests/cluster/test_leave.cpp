@@ -5,16 +5,14 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include <spawn.h>
-#include <sys/wait.h>
+#include "support/cluster.hpp"
+#include "support/process.hpp"
+
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <string>
-
-#include "dist_cluster.hpp"
-
-#include <atomic>
 #include <vector>
 
 using namespace std::chrono_literals;
@@ -71,9 +69,7 @@ TEST_CASE("a dead worker leaves the group: the survivors go on" * doctest::timeo
   o.on_worker_death = kvstore::worker_death::leave_group;
   kvtest::cluster c(o);
   const std::string port = std::to_string(c.options().scheduler_port);
-  pid_t pid = 0;
-  const char* argv[] = {self_exe.c_str(), "--kv-child-worker", port.c_str(), nullptr};
-  REQUIRE(posix_spawn(&pid, self_exe.c_str(), nullptr, nullptr, const_cast<char**>(argv), environ) == 0);
+  kvtest::child child = kvtest::spawn({self_exe, "--kv-child-worker", port}, kvtest::environment());
   auto w = c.options();
   w.num_workers = 2;
   w.rank_hint = 0;
@@ -82,10 +78,7 @@ TEST_CASE("a dead worker leaves the group: the survivors go on" * doctest::timeo
     std::vector<float> v(10, 1.f), out(10);
     kv.init(1, v);
     kv.barrier();
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 3);
+    CHECK(child.wait_exit(30s) == 3);
     for (int round = 0; round < 3; ++round) {
       kv.push(1, v).wait();  // would wait forever if the dead worker were still counted
       kv.pull(1, out).wait();

@@ -6,7 +6,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "dist_cluster.hpp"
+#include "support/cluster.hpp"
 
 #include <boost/asio.hpp>
 

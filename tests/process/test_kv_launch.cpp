@@ -2,12 +2,10 @@
 // (written here to a temporary directory) and /bin/sh -c '...' as the worker program.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
-#include <fcntl.h>
+
+#include "support/process.hpp"
+
 #include <signal.h>
-#include <spawn.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -22,37 +20,16 @@
 #include <vector>
 
 #ifndef KV_LAUNCH_PATH
-#error "KV_LAUNCH_PATH must name the kv_launch binary (set in examples/CMakeLists.txt)"
+#error "KV_LAUNCH_PATH must name the kv_launch binary (set in tests/CMakeLists.txt)"
 #endif
-
-extern char** environ;
 
 namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-// A fresh directory per test, removed afterwards.
-struct temp_dir {
-  fs::path path;
-  temp_dir() {
-    std::string tmpl = (fs::temp_directory_path() / "kv_launch_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  fs::path operator/(const std::string& name) const { return path / name; }
-};
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using kvtest::read_file;
+using temp_dir = kvtest::temp_dir;
 
 void write_script(const fs::path& p, const std::string& body) {
   std::ofstream(p) << "#!/bin/sh\n" << body << "\n";
@@ -77,26 +54,18 @@ fs::path standin_server(const temp_dir& dir, const std::string& tail = "exit 0")
   return p;
 }
 
+// kv_launch started with stdout and stderr into files in `dir`.
 struct launched {
-  pid_t pid = -1;
-  fs::path out, err;
+  kvtest::child proc;
+  std::string out, err;
+  std::chrono::steady_clock::time_point began = std::chrono::steady_clock::now();
 };
 
-// Starts kv_launch with stdout and stderr into files in `dir`.
 launched start(const temp_dir& dir, const std::vector<std::string>& args) {
-  launched l{-1, dir / "launch.out", dir / "launch.err"};
-  std::vector<std::string> argv_strings{KV_LAUNCH_PATH};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, l.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, l.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  int rc = ::posix_spawn(&l.pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(rc == 0);
+  launched l{{}, dir / "launch.out", dir / "launch.err"};
+  std::vector<std::string> argv{KV_LAUNCH_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  l.proc = kvtest::spawn(std::move(argv), kvtest::environment(), l.out, l.err);
   return l;
 }
 
@@ -106,32 +75,25 @@ struct result {
   std::chrono::duration<double> elapsed{};
 };
 
-result finish(const launched& l, std::chrono::steady_clock::time_point began) {
-  int status = 0;
-  while (::waitpid(l.pid, &status, 0) < 0 && errno == EINTR) {
-  }
+// Waits for kv_launch (every case gives it --timeout 50 or less; -1 if it still runs after 100 s).
+result finish(launched& l) {
   result r;
-  r.elapsed = std::chrono::steady_clock::now() - began;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.code = l.proc.wait_exit(100s);
+  r.elapsed = std::chrono::steady_clock::now() - l.began;
   r.out = read_file(l.out);
   r.err = read_file(l.err);
   return r;
 }
 
 result run(const temp_dir& dir, const std::vector<std::string>& args) {
-  auto began = std::chrono::steady_clock::now();
-  auto r = finish(start(dir, args), began);
+  auto l = start(dir, args);
+  auto r = finish(l);
   INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
   return r;
 }
 
 bool wait_for_file(const fs::path& p, std::chrono::seconds limit) {
-  auto until = std::chrono::steady_clock::now() + limit;
-  while (!fs::exists(p)) {
-    if (std::chrono::steady_clock::now() > until) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
+  return kvtest::wait_until([&] { return fs::exists(p); }, limit);
 }
 
 // Every line must carry exactly one known prefix; returns the lines grouped by prefix.
@@ -352,7 +314,7 @@ TEST_CASE("--timeout terminates a hanging job and exits 124" * doctest::timeout(
 TEST_CASE("SIGINT to kv_launch reaches every child once, and kv_launch exits non-zero" *
           doctest::timeout(60)) {
   temp_dir dir;
-  auto d = dir.path.string();
+  auto d = dir.path().string();
   // Each process counts the SIGINTs it gets in a file, then exits 0 when told so; `ready_*` says
   // the trap is installed.
   std::string trap_body = "trap 'echo int >> " + d +
@@ -362,13 +324,12 @@ TEST_CASE("SIGINT to kv_launch reaches every child once, and kv_launch exits non
                           "/ready_$KVSTORE_ROLE$KVSTORE_RANK; "
                           "while :; do sleep 0.05; done";
   auto server = standin_server(dir, trap_body);
-  auto began = std::chrono::steady_clock::now();
   auto l = start(dir, {"-w", "2", "-s", "1", "--server", server.string(), "--timeout", "50",
                        "/bin/sh", "-c", trap_body});
   const std::vector<std::string> names{"scheduler", "server0", "worker0", "worker1"};
   for (const auto& n : names) REQUIRE(wait_for_file(dir / ("ready_" + n), 20s));
-  REQUIRE(::kill(l.pid, SIGINT) == 0);
-  auto r = finish(l, began);
+  REQUIRE(::kill(l.proc.pid(), SIGINT) == 0);
+  auto r = finish(l);
   INFO("stdout:\n" << r.out << "stderr:\n" << r.err);
   CHECK(r.code == 128 + SIGINT);
   CHECK(r.err.find("received SIGINT; forwarding it") != std::string::npos);
@@ -407,4 +368,27 @@ TEST_CASE("bad arguments print the usage and exit 2; --help exits 0" * doctest::
   auto server = standin_server(dir);
   auto ok = run(dir, {"-w2", "--servers=1", "--server=" + server.string(), "--timeout=50", "true"});
   CHECK(ok.code == 0);
+}
+
+TEST_CASE("a value out of range or of the wrong type is refused naming the option" *
+          doctest::timeout(60)) {
+  temp_dir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> bad{
+      {{"-w", "1", "-s", "1", "--port", "70000", "true"},
+       "the argument ('70000') for option '--port' is out of range: it must be from 1 to 65535"},
+      {{"-w", "0", "-s", "1", "true"},
+       "option '--workers' is out of range: it must be from 1 to 4096"},
+      {{"-w", "1", "-s", "5000", "true"}, "option '--servers' is out of range"},
+      {{"-w", "x", "-s", "1", "true"}, "the argument ('x') for option '--workers' is invalid"},
+      {{"-w", "1", "-s", "1", "--grace", "-1", "true"}, "option '--grace' is out of range"},
+      {{"-w", "1", "-s", "1", "--timeout", "soon", "true"}, "option '--timeout' is invalid"},
+      {{"-w", "1", "-s", "1", "--timeout", "0", "true"}, "--timeout must be positive"},
+  };
+  for (const auto& [args, says] : bad) {
+    auto r = run(dir, args);
+    INFO("expected: " << says);
+    CHECK(r.code == 2);
+    CHECK(r.err.starts_with("kv_launch: "));
+    CHECK(r.err.find(says) != std::string::npos);
+  }
 }

@@ -5,23 +5,20 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "dist_cluster.hpp"
+#include "support/cluster.hpp"
+#include "support/process.hpp"
 
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 #include <vector>
 
 using namespace std::chrono_literals;
-namespace fs = std::filesystem;
 
 namespace {
 
 struct pki {
-  fs::path dir;
+  kvtest::temp_dir dir{"kvstore-tls"};
   pki() {
-    char t[] = "/tmp/kvstore-tls-XXXXXX";
-    dir = mkdtemp(t);
     // Two CAs: ours signs the nodes; a stranger's signs an intruder.
     for (const char* ca : {"ca", "other-ca"}) {
       run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=" +
@@ -30,8 +27,7 @@ struct pki {
     issue("node", "ca");
     issue("intruder", "other-ca");
   }
-  ~pki() { fs::remove_all(dir); }
-  std::string p(const std::string& f) const { return (dir / f).string(); }
+  std::string p(const std::string& f) const { return dir / f; }
   void issue(const std::string& name, const std::string& ca) {
     run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=" + name + " -keyout " +
         p(name + ".key") + " -out " + p(name + ".csr"));

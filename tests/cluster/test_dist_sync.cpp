@@ -3,8 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "dist_cluster.hpp"
-#include "test_helpers.hpp"
+#include "support/cluster.hpp"
+#include "support/helpers.hpp"
 
 #include <kvstore/local.hpp>
 
@@ -24,7 +24,7 @@
 
 // Sync rounds with several workers, async mode, slicing and chunking over several servers, rows
 // split over servers, optimizers on the servers, optimizer states across local and dist, server
-// commands and num_dead_node. Ranks are threads (tests/dist_cluster.hpp).
+// commands and num_dead_node. Ranks are threads (tests/support/cluster.hpp).
 
 namespace {
 

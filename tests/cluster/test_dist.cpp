@@ -3,8 +3,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "dist_cluster.hpp"
-#include "test_helpers.hpp"
+#include "support/cluster.hpp"
+#include "support/helpers.hpp"
 
 #include <array>
 #include <atomic>
@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-// The contract's dist semantics with exact values, ranks as threads (tests/dist_cluster.hpp).
+// The contract's dist semantics with exact values, ranks as threads (tests/support/cluster.hpp).
 
 namespace {
 

@@ -5,7 +5,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
-#include "test_helpers.hpp"
+#include "support/helpers.hpp"
 
 using kvtest::error_of;
 
