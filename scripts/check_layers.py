@@ -23,7 +23,7 @@ MAY_INCLUDE = {
     "optim": {"base", "detail"},
     "reduce": {"base", "optim", "device"},
     "device": {"base", "detail", "engine", "reduce", "optim", "options"},
-    "wire": {"base", "optim/slots.hpp"},
+    "wire": {"base", "detail", "optim/slots.hpp"},
     "transport": {"base", "detail", "wire/frame.hpp"},
     "options": {"base", "detail", "transport/security.hpp"},
     "client": {"base", "detail", "optim", "options", "wire", "transport"},
