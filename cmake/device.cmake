@@ -52,7 +52,7 @@ endif()
 # C++17); Asio's variable templates do not get through nvcc, so its SFINAE fallback is chosen.
 function(kvstore_cuda_target target)
   target_link_libraries(${target} PRIVATE kvstore::kvstore)
-  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr -O3>)
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20 --expt-relaxed-constexpr>)
   target_compile_definitions(${target} PRIVATE BOOST_ASIO_DISABLE_SFINAE_VARIABLE_TEMPLATES)
   if(NOT KVSTORE_THRUST_INCLUDE_DIR STREQUAL "/usr/include" AND KVSTORE_THRUST_INCLUDE_DIR MATCHES "cccl")
     target_include_directories(${target} SYSTEM PRIVATE ${KVSTORE_THRUST_INCLUDE_DIR})

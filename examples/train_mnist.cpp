@@ -17,6 +17,9 @@
 
 #include "mnist/idx.hpp"
 #include "mnist/mlp.hpp"
+#ifdef KVSTORE_EXAMPLE_DEVICES
+#include "mnist/data_parallel_train.hpp"
+#endif
 
 #include <algorithm>
 #include <barrier>
@@ -49,6 +52,7 @@ struct args {
   double target = -1;     // < 0: no check
   unsigned threads = 0;   // compute threads per worker; 0 = cores / workers
   bool local = false;
+  int devices = 0;  // > 0: DataParallelTable over KVStore<device> with this many devices
   std::vector<std::size_t> hidden = {256, 128};
   std::uint32_t seed = 42;
 };
@@ -56,6 +60,7 @@ struct args {
 const char* const usage =
     "usage: train_mnist [--local] [options]\n"
     "  --local          train with KVStore<local> in this process (else: dist, via kv_launch)\n"
+    "  --devices N      train data-parallel over N devices with DataParallelTable (device build)\n"
     "  --data DIR       Fashion-MNIST IDX files, plain or .gz (/usr/share/datasets/fashion-mnist)\n"
     "  --epochs N       passes over the training set (3)\n"
     "  --batch B        global mini-batch, split evenly over the workers (128)\n"
@@ -102,6 +107,8 @@ args parse_args(int argc, char** argv) {
       std::exit(0);
     } else if (flag == "--local") {
       a.local = true;
+    } else if (flag == "--devices") {
+      a.devices = parse_number<int>(flag, next());
     } else if (flag == "--data") {
       a.data_dir = next();
     } else if (flag == "--epochs") {
@@ -449,6 +456,14 @@ int run(const args& a) {
 int main(int argc, char** argv) {
   const args a = parse_args(argc, argv);
   try {
+    if (a.devices > 0) {
+#ifdef KVSTORE_EXAMPLE_DEVICES
+      return mnist::train_data_parallel({a.data_dir, a.devices, a.epochs, a.batch, a.lr, a.momentum,
+                                         a.weight_decay, a.limit, a.hidden, a.seed, a.target});
+#else
+      die("--devices needs a build with the device store (KVSTORE_BUILD_DEVICE)");
+#endif
+    }
     if (a.local) return run<kvstore::local>(a);
     // Distributed: roles and sizes from the environment (kv_launch, mpirun, srun, torchrun...).
     return run<kvstore::dist>(a);
