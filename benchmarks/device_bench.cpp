@@ -4,7 +4,9 @@
 //      its value on the owner device by one fused kernel. Baseline: a device-to-device copy of the
 //      same bytes (cudaMemcpyAsync; memcpy on the OMP build) and, on the OMP build, a STREAM-style
 //      OpenMP loop doing the same sum. GB/s counts every byte read and written: (k + 1) x size for
-//      the sum, 2 x size for the copy, in 1e9 B/s.
+//      the sum, 2 x size for the copy, in 1e9 B/s. Also the fused kernel alone (no store), to tell
+//      the kernel's efficiency from the store's per-op cost. Ops are issued in batches, then
+//      waited for.
 //  (b) fused update: 4 values summed and applied by SGD in one pass (the store's push), against
 //      the sum into a scratch buffer and then an SGD pass (what KVStore<local> does). Plain SGD
 //      and SGD with momentum. Ratio = unfused time / fused time.
@@ -86,8 +88,9 @@ int reps_for(std::size_t bytes, bool quick) {
   if (bytes <= (16u << 20)) return 20;
   return 7;
 }
-// Ops per timed repetition for small sizes (timer resolution, launch latency amortized).
-int batch_for(std::size_t bytes) { return bytes <= (1u << 20) ? 20 : 1; }
+// Ops issued back to back per timed repetition, then waited for (as a training step issues its
+// pushes): launch latency is amortized the same way for the store, the kernel and the copy.
+int batch_for(std::size_t bytes) { return bytes <= (1u << 20) ? 20 : bytes <= (16u << 20) ? 8 : 4; }
 
 // The STREAM-style baseline of the OMP build: the same k-way sum, a plain OpenMP loop.
 void stream_sum(float* d, const std::vector<const float*>& s, std::size_t n) {
@@ -111,7 +114,7 @@ void stream_sum(float* d, const std::vector<const float*>& s, std::size_t n) {
 
 bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) {
   std::vector<std::size_t> sizes;
-  for (std::size_t b = 4u << 10; b <= max_bytes; b *= 16) sizes.push_back(b);
+  for (std::size_t b = 4u << 10; b <= max_bytes; b *= 4) sizes.push_back(b);
   if (sizes.back() != max_bytes) sizes.push_back(max_bytes);
   bool ok = true;
   std::printf("(a) k-way sum into the owner vs a device-to-device copy of the same bytes%s;\n"
@@ -130,14 +133,14 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
         src.emplace_back(std::span<const float>(h), devs[static_cast<std::size_t>(j) % devs.size()]);
         spans.push_back(src.back().cspan());
       }
-      kvstore::device_buffer<float> copy_dst(n, owner);
+      kvstore::device_buffer<float> copy_dst(n, owner), kernel_dst(n, owner);
       std::vector<float> zero(n, 0.f);
       kv.init(0, std::span<const float>(zero));
       std::vector<const float*> raw;
       for (auto& s : src) raw.push_back(s.data());
       rt::stream_t cs = rt::stream_create(owner, 0);
       const int reps = reps_for(bytes, quick), batch = batch_for(bytes);
-      std::vector<double> t_sum, t_copy, t_stream;
+      std::vector<double> t_sum, t_copy, t_stream, t_kernel;
       for (int r = 0; r < reps + 1; ++r) {
         auto a = clk::now();
         for (int i = 0; i < batch; ++i) kv.push(0, std::span<const kvstore::device_span<const float>>(spans));
@@ -149,7 +152,16 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
         if (!rt::is_cuda)
           for (int i = 0; i < batch; ++i) stream_sum(copy_dst.data(), raw, n);
         auto d = clk::now();
+        {  // the fused kernel alone, no store around it
+          rt::device_guard g(owner);
+          for (int i = 0; i < batch; ++i)
+            kvstore::reduce::fused_sum_update<float>(cs, raw.data(), k, kernel_dst.data(), nullptr, nullptr,
+                                                     kernel_dst.data(), n, kvstore::reduce::device_update<float>{});
+          rt::stream_sync(cs);
+        }
+        auto e = clk::now();
         if (r == 0) continue;
+        t_kernel.push_back(double(k + 1) * double(bytes) * batch / secs(d, e) / 1e9);
         t_sum.push_back(double(k + 1) * double(bytes) * batch / secs(a, b) / 1e9);
         t_copy.push_back(2.0 * double(bytes) * batch / secs(b, c) / 1e9);
         if (!rt::is_cuda) t_stream.push_back(double(k + 1) * double(bytes) * batch / secs(c, d) / 1e9);
@@ -165,11 +177,13 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
           ok = false;
         }
       }
-      const auto s = summarize(t_sum), c = summarize(t_copy);
+      const auto s = summarize(t_sum), c = summarize(t_copy), kn = summarize(t_kernel);
       const std::string nm = "sum_k" + std::to_string(k) + "_" + size_name(bytes);
-      std::printf("    k=%d %8s  store push %8.1f GB/s [%.1f, %.1f]  copy %8.1f GB/s  ratio %.3f", k,
-                  size_name(bytes).c_str(), s.med, s.min, s.max, c.med, s.med / c.med);
+      std::printf("    k=%d %8s  store push %7.1f GB/s [%.1f, %.1f]  kernel %7.1f  copy %7.1f GB/s  ratio store/copy %.3f"
+                  " kernel/copy %.3f",
+                  k, size_name(bytes).c_str(), s.med, s.min, s.max, kn.med, c.med, s.med / c.med, kn.med / c.med);
       results.push_back({nm + "_vs_copy", s.med, "GB/s", c.med, s.med / c.med});
+      results.push_back({nm + "_kernel_vs_copy", kn.med, "GB/s", c.med, kn.med / c.med});
       if (!rt::is_cuda) {
         const auto st = summarize(t_stream);
         std::printf("  STREAM loop %7.1f GB/s  ratio %.3f", st.med, s.med / st.med);

@@ -1,8 +1,7 @@
 // The few CUDA runtime calls the device store makes, behind one small shim. On a CUDA build
 // (nvcc, Thrust's CUDA backend) they are the runtime's; on the OMP build (g++, Thrust's OMP
 // backend) devices are virtual ordinals over host memory and every call is a plain host one:
-// copies are memcpy, streams are ordered because all work on them runs at once, host functions
-// are called in place. Every failure is a kvstore::error(errc::device_error) naming the call; the
+// copies are memcpy, and streams are ordered because all work on them runs at once. Every failure is a kvstore::error(errc::device_error) naming the call; the
 // store adds the key and device.
 #pragma once
 
@@ -168,11 +167,6 @@ inline void copy_async(void* dst, const void* src, std::size_t bytes, stream_t s
 inline void memset_async(void* dst, std::size_t bytes, stream_t s) {
   if (bytes) check(cudaMemsetAsync(dst, 0, bytes, s), "cudaMemsetAsync");
 }
-/// Calls fn(arg) on a runtime thread once the work issued on `s` so far is done. fn must not
-/// call CUDA.
-inline void launch_host_func(stream_t s, void (*fn)(void*), void* arg) {
-  check(cudaLaunchHostFunc(s, fn, arg), "cudaLaunchHostFunc");
-}
 /// Throws the error of the last launch (kernel configuration errors show here).
 inline void check_launch(const char* what) { check(cudaGetLastError(), what); }
 
@@ -279,7 +273,6 @@ inline void copy_async(void* dst, const void* src, std::size_t bytes, stream_t) 
 inline void memset_async(void* dst, std::size_t bytes, stream_t) {
   if (bytes) std::memset(dst, 0, bytes);
 }
-inline void launch_host_func(stream_t, void (*fn)(void*), void* arg) { fn(arg); }
 inline bool can_access_peer(int, int) { return true; }
 inline void enable_peer_access(int, int) {}
 

@@ -8,6 +8,7 @@
 
 #include <kvstore/detail/group.hpp>
 #include <kvstore/device/buffer.hpp>
+#include <kvstore/device/completion.hpp>
 #include <kvstore/device/runtime.hpp>
 #include <kvstore/device/span.hpp>
 #include <kvstore/engine/engine.hpp>
@@ -73,6 +74,7 @@ struct device_entry {
   /// stream waits for it on the device, wait(key) on the host.
   rt::stream_t last_stream = nullptr;
   rt::event_t done = nullptr;
+  std::shared_ptr<op_state> last_op;  ///< the op of the last part issued (wait(key) waits for it)
 
   std::size_t rows() const noexcept { return row_length ? size / row_length : 0; }
 };
@@ -122,6 +124,7 @@ struct device_impl {
   explicit device_impl(const device_options& o) : opts(o), eng(o.threads ? o.threads : 1) {}
   ~device_impl() {
     eng.wait_all();
+    done_q.drain();
     sync_all();
     keys.clear();
   }
@@ -133,7 +136,8 @@ struct device_impl {
   std::unordered_map<std::uint64_t, std::unique_ptr<device_entry<T>>> keys;
   std::shared_ptr<const device_optimizer<T>> opt;
   std::uint64_t generation = 0;
-  engine eng;
+  completion_queue done_q;  ///< completes ops when their device work is done
+  engine eng;               ///< last: destroyed first, its tasks use everything above
 
   int index_of(int dev) const noexcept {
     for (std::size_t i = 0; i < opts.devices.size(); ++i)
@@ -168,15 +172,6 @@ inline std::string device_list(const std::vector<int>& ds) {
   for (std::size_t i = 0; i < ds.size(); ++i) s += (i ? ", " : "") + std::to_string(ds[i]);
   return s + "]";
 }
-
-// Completion of one part of an op, called by the stream once its work is done.
-struct part_done {
-  std::shared_ptr<op_state> st;
-  static void call(void* p) {
-    std::unique_ptr<part_done> d(static_cast<part_done*>(p));
-    d->st->complete_part();
-  }
-};
 
 }  // namespace detail
 
@@ -365,15 +360,23 @@ class KVStore<device, T> {
 
   /// Returns once every op issued on `k` before this call is done, device work included.
   void wait(key k) {
-    impl_->eng.wait_key(k.id());
+    impl_->eng.wait_key(k.id());  // every op on k issued to its stream
     detail::device_entry<T>* e = try_find(k);
     if (!e) return;
-    std::lock_guard lk(e->m);
-    if (e->done) on_device("wait", *e, [&] { detail::rt::event_sync(e->done); });
+    std::shared_ptr<detail::op_state> last;
+    {
+      std::lock_guard lk(e->m);
+      last = e->last_op;
+    }
+    if (!last) return;
+    // The key's ops complete in order on the device, so the last one done means all are.
+    std::unique_lock lk(last->m);
+    last->cv.wait(lk, [&] { return last->remaining == 0; });
   }
   /// Returns once every op issued before this call is done, device work included.
   void wait_all() {
     impl_->eng.wait_all();
+    impl_->done_q.drain();
     for (auto& d : impl_->devs)
       for (auto s : d->streams) {
         detail::rt::device_guard g(d->dev);
@@ -685,7 +688,8 @@ class KVStore<device, T> {
               work(c, si, s);
               detail::rt::event_record(ep->done, s);
               ep->last_stream = s;
-              detail::rt::launch_host_func(s, &detail::part_done::call, new detail::part_done{st});
+              ep->last_op = st;
+              impl->done_q.add(ep->owner, s, st);
             });
           } catch (...) {
             st->complete_part(std::current_exception());

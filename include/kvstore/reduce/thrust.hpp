@@ -1,5 +1,5 @@
-// The device kernels, as element-wise Thrust functors run by thrust::for_each_n on a stream (CUDA)
-// or by OpenMP threads (Thrust's OMP backend): a fused k-way sum that, in the same pass, stores
+// The device kernels, as element-wise functors run by a grid-stride kernel on a stream (CUDA) or
+// by an OpenMP loop (the OMP build): a fused k-way sum that, in the same pass, stores
 // the sum or applies an optimizer to the stored weight; the same for rows of a matrix key; and
 // the gather of rows.
 //
@@ -15,10 +15,9 @@
 #include <kvstore/device/runtime.hpp>
 #include <kvstore/optim/elementwise.hpp>
 
-#include <thrust/execution_policy.h>
-#include <thrust/for_each.h>
-#include <thrust/iterator/counting_iterator.h>
+#include <thrust/detail/config.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -133,20 +132,38 @@ struct gather_fn {
   }
 };
 
-/// Runs f(0) .. f(n-1) on stream s: a kernel on CUDA (no host sync), OpenMP threads otherwise
-/// (small n on the calling thread: starting a parallel region costs more than the work).
+#if KVSTORE_DEVICE_CUDA
+inline constexpr unsigned block_threads = 256;
+
+// f(i) for i < n, one index per thread per step of a grid-stride loop: one plain launch per pass,
+// with nothing queried from the device per call (the per-op cost matters for small keys).
+template <class F>
+__global__ void __launch_bounds__(block_threads) for_each_kernel(F f, std::size_t n) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) f(i);
+}
+#endif
+
+/// Runs f(0) .. f(n-1) on stream s: a kernel on CUDA (no host sync); on the OMP build an OpenMP
+/// SIMD loop (split over threads for large n: a parallel region costs more than small work). The
+/// functors write only their own element of outputs that no input overlaps, so the loop is
+/// declared free of dependences: with a run-time count of pointers the compiler could not prove
+/// it and would not vectorize.
 template <class F>
 void launch(kvstore::detail::rt::stream_t s, std::size_t n, const F& f) {
   if (n == 0) return;
 #if KVSTORE_DEVICE_CUDA
-  thrust::for_each_n(thrust::cuda::par_nosync.on(s), thrust::counting_iterator<std::size_t>(0), n, f);
+  const std::size_t blocks = std::min<std::size_t>((n + block_threads - 1) / block_threads, std::size_t{1} << 30);
+  for_each_kernel<<<static_cast<unsigned>(blocks), block_threads, 0, s>>>(f, n);
   kvstore::detail::rt::check_launch("kernel launch");
 #else
   (void)s;
   if (n < (std::size_t{1} << 15)) {
+#pragma omp simd
     for (std::size_t i = 0; i < n; ++i) f(i);
   } else {
-    thrust::for_each_n(thrust::device, thrust::counting_iterator<std::size_t>(0), n, f);
+#pragma omp parallel for simd schedule(static)
+    for (std::size_t i = 0; i < n; ++i) f(i);
   }
 #endif
 }
