@@ -8,6 +8,7 @@ APT_PACKAGES=(
   libclang-rt-14-dev                                      # libFuzzer + sanitizer runtimes (scripts/fuzz.sh)
   libboost1.81-dev libboost-serialization1.81-dev         # Boost.Asio + Boost.Serialization
   doctest-dev libbenchmark-dev libssl-dev                 # tests, benchmarks, TLS/HMAC
+  libthrust-dev                                           # KVStore<device> without CUDA (Thrust OMP backend)
   openmpi-bin libopenmpi-dev                              # launching under mpirun
   dataset-fashion-mnist zlib1g-dev                        # the demo's data (.gz) and its reader
   iproute2 nftables                                       # test_faults: namespaces, tc, lossy links
