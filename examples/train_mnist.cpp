@@ -21,6 +21,9 @@
 #include "mnist/idx.hpp"
 #include "mnist/mlp.hpp"
 #include "mnist/team.hpp"
+#ifdef KVSTORE_EXAMPLE_DEVICES
+#include "mnist/data_parallel_train.hpp"
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -200,6 +203,15 @@ int run(const args& a) {
 int main(int argc, char** argv) {
   const args a = mnist::parse_args(argc, argv);
   try {
+    if (a.devices > 0) {
+#ifdef KVSTORE_EXAMPLE_DEVICES
+      return mnist::train_data_parallel({a.data_dir, a.devices, a.epochs, a.batch, a.lr, a.momentum,
+                                         a.weight_decay, a.limit, a.hidden, a.seed, a.target});
+#else
+      std::cerr << "train_mnist: --devices needs a build with the device store (KVSTORE_BUILD_DEVICE)\n";
+      return 2;
+#endif
+    }
     if (a.local) return run<kvstore::local>(a);
     // Distributed: roles and sizes from the environment (kv_launch, mpirun, srun, torchrun...).
     return run<kvstore::dist>(a);

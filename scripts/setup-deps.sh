@@ -9,6 +9,7 @@ APT_PACKAGES=(
   libboost1.81-dev libboost-serialization1.81-dev         # Boost.Asio + Boost.Serialization
   libboost-program-options1.81-dev                        # kv_server's and kv_launch's command lines
   doctest-dev libbenchmark-dev libssl-dev                 # tests, benchmarks, TLS/HMAC
+  libthrust-dev                                           # KVStore<device> without CUDA (Thrust OMP backend)
   openmpi-bin libopenmpi-dev                              # launching under mpirun
   dataset-fashion-mnist zlib1g-dev                        # the demo's data (.gz) and its reader
   iproute2 nftables                                       # test_faults: namespaces, tc, lossy links

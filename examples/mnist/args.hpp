@@ -23,6 +23,7 @@ struct args {
   double target = -1;     // < 0: no check
   unsigned threads = 0;   // compute threads per worker; 0 = cores / workers
   bool local = false;
+  int devices = 0;  // > 0: DataParallelTable over KVStore<device> with this many devices
   std::vector<std::size_t> hidden = {256, 128};
   std::uint32_t seed = 42;
 };
@@ -30,6 +31,7 @@ struct args {
 inline const char* const usage =
     "usage: train_mnist [--local] [options]\n"
     "  --local          train with KVStore<local> in this process (else: dist, via kv_launch)\n"
+    "  --devices N      train data-parallel over N devices with DataParallelTable (device build)\n"
     "  --data DIR       Fashion-MNIST IDX files, plain or .gz (/usr/share/datasets/fashion-mnist)\n"
     "  --epochs N       passes over the training set (3)\n"
     "  --batch B        global mini-batch, split evenly over the workers (128)\n"
@@ -81,6 +83,8 @@ inline args parse_args(int argc, char** argv) {
       std::exit(0);
     } else if (flag == "--local") {
       a.local = true;
+    } else if (flag == "--devices") {
+      a.devices = detail::parse_number<int>(flag, next());
     } else if (flag == "--data") {
       a.data_dir = next();
     } else if (flag == "--epochs") {

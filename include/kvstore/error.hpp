@@ -26,6 +26,7 @@ enum class errc {
   server_error,         ///< a server refused the request
   shutdown,             ///< the store or a node is shutting down
   unsupported,          ///< the call is not available in this mode
+  device_error,         ///< a device (CUDA) call failed, or memory is not on the device stated
 };
 
 namespace detail {
@@ -51,6 +52,7 @@ class error_category_impl final : public std::error_category {
       case errc::server_error: return "server error";
       case errc::shutdown: return "shut down";
       case errc::unsupported: return "unsupported";
+      case errc::device_error: return "device error";
     }
     return "unknown kvstore error";
   }

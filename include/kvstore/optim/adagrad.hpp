@@ -1,6 +1,7 @@
 // AdaGrad (Duchi et al.), MXNet's adagrad_update.
 #pragma once
 
+#include <kvstore/optim/elementwise.hpp>
 #include <kvstore/optim/grad.hpp>
 #include <kvstore/optim/optimizer.hpp>
 
@@ -25,22 +26,22 @@ struct adagrad {
   static constexpr std::string_view name = "adagrad";
   static constexpr int num_slots = 1;
 
+  /// The per-element step with these parameters (shared with the device kernels).
+  template <class T>
+  kvstore::detail::adagrad_step<T> step() const {
+    return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient), static_cast<T>(learning_rate),
+            static_cast<T>(epsilon), static_cast<T>(weight_decay)};
+  }
+
   /// Precondition: grad, weight and the slot have the same size (checked by the store).
   template <class T>
   void update(std::span<const T> grad, std::span<T> weight, const slots_view<T>& s) const {
-    const kvstore::detail::grad_prep<T> prep(rescale_grad, clip_gradient);
-    const T lr = static_cast<T>(learning_rate);
-    const T eps = static_cast<T>(epsilon);
-    const T wd = static_cast<T>(weight_decay);
+    const kvstore::detail::adagrad_step<T> st = step<T>();
     const std::size_t n = weight.size();
     T* w = weight.data();
     const T* gr = grad.data();
     T* h = s.slot[0].data();
-    for (std::size_t i = 0; i < n; ++i) {
-      const T g = prep(gr[i]);
-      h[i] += g * g;
-      w[i] -= lr * (g / (std::sqrt(h[i]) + eps) + wd * w[i]);
-    }
+    for (std::size_t i = 0; i < n; ++i) st(gr[i], w[i], h[i]);
   }
 
   template <class Ar>

@@ -1,11 +1,13 @@
 // Adam (Kingma & Ba) with bias correction folded into the learning rate, MXNet's adam_update.
 #pragma once
 
+#include <kvstore/optim/elementwise.hpp>
 #include <kvstore/optim/grad.hpp>
 #include <kvstore/optim/optimizer.hpp>
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string_view>
 
@@ -27,30 +29,29 @@ struct adam {
   static constexpr std::string_view name = "adam";
   static constexpr int num_slots = 2;
 
+  /// The per-element step of update number `step` (1 for the first; 0 counts as 1), shared with
+  /// the device kernels.
+  template <class T>
+  kvstore::detail::adam_step<T> step_at(std::uint64_t step) const {
+    // The bias correction is a per-call scalar; compute it in double so that large step counts
+    // do not lose it to float rounding.
+    const double t = static_cast<double>(step == 0 ? 1 : step);
+    return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient),
+            static_cast<T>(learning_rate * std::sqrt(1 - std::pow(beta2, t)) / (1 - std::pow(beta1, t))),
+            static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(1 - beta1),
+            static_cast<T>(1 - beta2), static_cast<T>(epsilon), static_cast<T>(weight_decay)};
+  }
+
   /// Precondition: grad, weight and both slots have the same size (checked by the store).
   template <class T>
   void update(std::span<const T> grad, std::span<T> weight, const slots_view<T>& s) const {
-    const kvstore::detail::grad_prep<T> prep(rescale_grad, clip_gradient);
-    // The bias correction is a per-call scalar; compute it in double so that large step counts
-    // do not lose it to float rounding.
-    const double t = static_cast<double>(s.step == 0 ? 1 : s.step);
-    const T lr_t = static_cast<T>(learning_rate * std::sqrt(1 - std::pow(beta2, t)) /
-                                  (1 - std::pow(beta1, t)));
-    const T b1 = static_cast<T>(beta1), b2 = static_cast<T>(beta2);
-    const T c1 = static_cast<T>(1 - beta1), c2 = static_cast<T>(1 - beta2);
-    const T eps = static_cast<T>(epsilon);
-    const T wd = static_cast<T>(weight_decay);
+    const kvstore::detail::adam_step<T> st = step_at<T>(s.step);
     const std::size_t n = weight.size();
     T* w = weight.data();
     const T* gr = grad.data();
     T* m = s.slot[0].data();
     T* v = s.slot[1].data();
-    for (std::size_t i = 0; i < n; ++i) {
-      const T g = prep(gr[i]) + wd * w[i];
-      m[i] = b1 * m[i] + c1 * g;
-      v[i] = b2 * v[i] + c2 * g * g;
-      w[i] -= lr_t * m[i] / (std::sqrt(v[i]) + eps);
-    }
+    for (std::size_t i = 0; i < n; ++i) st(gr[i], w[i], m[i], v[i]);
   }
 
   template <class Ar>

@@ -1,7 +1,8 @@
 // The gradient preprocessing every built-in optimizer shares (MXNet's order: rescale, then clip).
 #pragma once
 
-#include <algorithm>
+#include <kvstore/detail/hd.hpp>
+
 #include <limits>
 
 namespace kvstore::detail {
@@ -20,7 +21,13 @@ struct grad_prep {
         bound(clip_gradient > 0 ? static_cast<T>(clip_gradient)
                                 : std::numeric_limits<T>::infinity()) {}
 
-  T operator()(T grad) const { return std::min(std::max(rescale * grad, -bound), bound); }
+  // std::min(std::max(x, -bound), bound) spelled out, so CUDA kernels can call it too; the same
+  // comparisons in the same order, so NaN passes through as before.
+  KVSTORE_HD T operator()(T grad) const {
+    const T x = rescale * grad;
+    const T lo = x < -bound ? -bound : x;
+    return bound < lo ? bound : lo;
+  }
 };
 
 }  // namespace kvstore::detail

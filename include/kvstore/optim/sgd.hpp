@@ -1,6 +1,7 @@
 // Stochastic gradient descent with optional momentum, MXNet's sgd_update / sgd_mom_update.
 #pragma once
 
+#include <kvstore/optim/elementwise.hpp>
 #include <kvstore/optim/grad.hpp>
 #include <kvstore/optim/optimizer.hpp>
 
@@ -25,26 +26,27 @@ struct sgd {
   static constexpr int num_slots = 1;
 
   /// Precondition: grad.size() == weight.size() == s.slot[0].size() (checked by the store).
+  /// The per-element step with these parameters (shared with the device kernels).
+  template <class T>
+  kvstore::detail::sgd_step<T> step() const {
+    return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient), static_cast<T>(learning_rate),
+            static_cast<T>(weight_decay), static_cast<T>(momentum), momentum > 0};
+  }
+
+  /// Precondition: grad.size() == weight.size() == s.slot[0].size() (checked by the store).
   template <class T>
   void update(std::span<const T> grad, std::span<T> weight, const slots_view<T>& s) const {
-    const kvstore::detail::grad_prep<T> prep(rescale_grad, clip_gradient);
-    const T lr = static_cast<T>(learning_rate);
-    const T wd = static_cast<T>(weight_decay);
+    const kvstore::detail::sgd_step<T> st = step<T>();
     const std::size_t n = weight.size();
     T* w = weight.data();
     const T* gr = grad.data();
-    if (momentum > 0) {
-      const T mu = static_cast<T>(momentum);
+    if (st.momentum) {
       T* mom = s.slot[0].data();
-      for (std::size_t i = 0; i < n; ++i) {
-        const T g = prep(gr[i]) + wd * w[i];
-        mom[i] = mu * mom[i] - lr * g;
-        w[i] += mom[i];
-      }
+      for (std::size_t i = 0; i < n; ++i) st(gr[i], w[i], mom[i]);
     } else {
       for (std::size_t i = 0; i < n; ++i) {
-        const T g = prep(gr[i]) + wd * w[i];
-        w[i] -= lr * g;
+        T unused{};
+        st(gr[i], w[i], unused);
       }
     }
   }
