@@ -35,7 +35,9 @@ namespace {
 
 using clk = std::chrono::steady_clock;
 
-double secs(clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double secs(clk::time_point a, clk::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // CPU seconds (all threads) and context switches of this process so far.
 struct usage {
@@ -106,8 +108,8 @@ volatile float sink;
 // ---- (a) reduction -------------------------------------------------------------------------
 
 // The STREAM-style baseline: the same sum, a plain loop per thread over a contiguous part.
-void stream_sum4(float* d, const float* a, const float* b, const float* c, const float* e, std::size_t n,
-                 unsigned threads) {
+void stream_sum4(float* d, const float* a, const float* b, const float* c, const float* e,
+                 std::size_t n, unsigned threads) {
   auto part = [=](std::size_t lo, std::size_t hi) {
     float* __restrict dd = d;
     const float* __restrict aa = a;
@@ -117,16 +119,19 @@ void stream_sum4(float* d, const float* a, const float* b, const float* c, const
     for (std::size_t i = lo; i < hi; ++i) dd[i] = aa[i] + bb[i] + cc[i] + ee[i];
   };
   std::vector<std::thread> ts;
-  for (unsigned t = 1; t < threads; ++t) ts.emplace_back(part, n * t / threads, n * (t + 1) / threads);
+  for (unsigned t = 1; t < threads; ++t)
+    ts.emplace_back(part, n * t / threads, n * (t + 1) / threads);
   part(0, n / threads);
   for (auto& t : ts) t.join();
 }
 
-bool check_sum(const std::vector<float>& got, const std::vector<std::vector<float>>& in, const char* what) {
+bool check_sum(const std::vector<float>& got, const std::vector<std::vector<float>>& in,
+               const char* what) {
   for (std::size_t i = 0; i < got.size(); ++i) {
     const float want = in[0][i] + in[1][i] + in[2][i] + in[3][i];
     if (got[i] != want) {
-      std::fprintf(stderr, "local_bench: %s: element %zu is %g, expected %g\n", what, i, got[i], want);
+      std::fprintf(stderr, "local_bench: %s: element %zu is %g, expected %g\n", what, i, got[i],
+                   want);
       return false;
     }
   }
@@ -141,7 +146,8 @@ bool bench_reduce(bool quick, unsigned threads) {
 
   std::vector<std::vector<float>> in(4, std::vector<float>(n));
   for (int k = 0; k < 4; ++k)
-    for (std::size_t i = 0; i < n; ++i) in[k][i] = static_cast<float>((i + static_cast<std::size_t>(k)) % 64);
+    for (std::size_t i = 0; i < n; ++i)
+      in[k][i] = static_cast<float>((i + static_cast<std::size_t>(k)) % 64);
   std::vector<float> base_out(n, 0.f), out(n, 0.f);
 
   kvstore::local_options o;
@@ -155,13 +161,15 @@ bool bench_reduce(bool quick, unsigned threads) {
   std::vector<double> t_store, t_sum, t_base;
   for (int r = 0; r < reps + 1; ++r) {  // rep 0 warms up and is dropped
     auto a = clk::now();
-    kv.push(0, {std::span<const float>(in[0]), std::span<const float>(in[1]), std::span<const float>(in[2]),
-                std::span<const float>(in[3])})
+    kv.push(0, {std::span<const float>(in[0]), std::span<const float>(in[1]),
+                std::span<const float>(in[2]), std::span<const float>(in[3])})
         .wait();
     auto b = clk::now();
-    kvstore::reduce::sum_into<float>(eng, std::span<float>(out), std::span<const std::span<const float>>(srcs));
+    kvstore::reduce::sum_into<float>(eng, std::span<float>(out),
+                                     std::span<const std::span<const float>>(srcs));
     auto c = clk::now();
-    stream_sum4(base_out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), n, threads);
+    stream_sum4(base_out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), n,
+                threads);
     auto d = clk::now();
     if (r == 0) continue;
     t_store.push_back(moved / secs(a, b) / 1e9);
@@ -174,15 +182,23 @@ bool bench_reduce(bool quick, unsigned threads) {
   ok = check_sum(pulled, in, "KVStore push of 4 values") && ok;
 
   auto s = summarize(t_store), u = summarize(t_sum), b = summarize(t_base);
-  std::printf("(a) reduction of 4 x %zu MiB float into the store, %u threads, %d reps; GB/s = (4 inputs read +\n"
-              "    1 output written) / time, 1e9 B/s; median [min, max]\n",
-              bytes >> 20, threads, reps);
-  std::printf("    %-36s %7.2f GB/s  [%.2f, %.2f]\n", "KVStore<local> push of 4 values", s.med, s.min, s.max);
-  std::printf("    %-36s %7.2f GB/s  [%.2f, %.2f]\n", "reduce::sum_into over the engine", u.med, u.min, u.max);
-  std::printf("    %-36s %7.2f GB/s  [%.2f, %.2f]\n", "STREAM-style loop (baseline)", b.med, b.min, b.max);
+  std::printf(
+      "(a) reduction of 4 x %zu MiB float into the store, %u threads, %d reps; GB/s = (4 inputs "
+      "read +\n"
+      "    1 output written) / time, 1e9 B/s; median [min, max]\n",
+      bytes >> 20, threads, reps);
+  std::printf("    %-36s %7.2f GB/s  [%.2f, %.2f]\n", "KVStore<local> push of 4 values", s.med,
+              s.min, s.max);
+  std::printf("    %-36s %7.2f GB/s  [%.2f, %.2f]\n", "reduce::sum_into over the engine", u.med,
+              u.min, u.max);
+  std::printf("    %-36s %7.2f GB/s  [%.2f, %.2f]\n", "STREAM-style loop (baseline)", b.med, b.min,
+              b.max);
   const double ratio = s.med / b.med, ratio2 = u.med / b.med;
   std::printf("    ratio store / loop: %.3f (target >= 0.9: %s); sum_into / loop: %.3f\n", ratio,
-              quick ? "not judged in --quick" : ratio >= 0.9 ? "met" : "NOT met", ratio2);
+              quick          ? "not judged in --quick"
+              : ratio >= 0.9 ? "met"
+                             : "NOT met",
+              ratio2);
   const std::string sz = std::to_string(bytes >> 20) + "MiB";
   results.push_back({"reduce_4x" + sz + "_store_push", s.med, "GB/s", b.med, ratio});
   results.push_back({"reduce_4x" + sz + "_sum_into_engine", u.med, "GB/s", b.med, ratio2});
@@ -196,9 +212,11 @@ bool bench_small(bool quick, unsigned threads) {
   const std::size_t keys = 1000, elems = 256;  // 1 KiB of float per value
   const int rounds = quick ? 5 : 200;          // rounds per repetition
   const int reps = quick ? 3 : 9;
-  const double ops = 2.0 * static_cast<double>(keys) * rounds;  // a push and a pull per key and round
+  const double ops =
+      2.0 * static_cast<double>(keys) * rounds;  // a push and a pull per key and round
 
-  std::vector<std::vector<float>> vals(keys, std::vector<float>(elems)), outs(keys, std::vector<float>(elems));
+  std::vector<std::vector<float>> vals(keys, std::vector<float>(elems)),
+      outs(keys, std::vector<float>(elems));
   for (std::size_t k = 0; k < keys; ++k)
     for (std::size_t i = 0; i < elems; ++i) vals[k][i] = static_cast<float>(k * 3 + i);
 
@@ -249,22 +267,31 @@ bool bench_small(bool quick, unsigned threads) {
   auto s = summarize(t_kv), i = summarize(t_inline);
   auto rate = [&](double t) { return ops / t; };
   const double over_us = (s.med - i.med) / ops * 1e6;
-  std::printf("(b) push+pull pairs of 1 KiB over %zu keys (all issued, then wait_all), %d rounds x %d reps,\n"
-              "    %u engine threads; ops/s counts a push and a pull as one op each; median [min, max]\n",
-              keys, rounds, reps, threads);
-  std::printf("    %-36s %10.0f ops/s  [%.0f, %.0f]\n", "KVStore<local> push + pull", rate(s.med), rate(s.max),
-              rate(s.min));
-  std::printf("    %-36s %10.0f ops/s  [%.0f, %.0f]\n", "inline copies, no engine (baseline)", rate(i.med),
-              rate(i.max), rate(i.min));
-  std::printf("    engine overhead: %.3f us/op (min %.3f, max %.3f); ratio store / inline: %.4f; "
-              "target < 2 us/op: %s\n",
-              over_us, (s.min - i.med) / ops * 1e6, (s.max - i.med) / ops * 1e6, i.med / s.med,
-              quick ? "not judged in --quick" : over_us < 2.0 ? "met" : "NOT met");
+  std::printf(
+      "(b) push+pull pairs of 1 KiB over %zu keys (all issued, then wait_all), %d rounds x %d "
+      "reps,\n"
+      "    %u engine threads; ops/s counts a push and a pull as one op each; median [min, max]\n",
+      keys, rounds, reps, threads);
+  std::printf("    %-36s %10.0f ops/s  [%.0f, %.0f]\n", "KVStore<local> push + pull", rate(s.med),
+              rate(s.max), rate(s.min));
+  std::printf("    %-36s %10.0f ops/s  [%.0f, %.0f]\n", "inline copies, no engine (baseline)",
+              rate(i.med), rate(i.max), rate(i.min));
+  std::printf(
+      "    engine overhead: %.3f us/op (min %.3f, max %.3f); ratio store / inline: %.4f; "
+      "target < 2 us/op: %s\n",
+      over_us, (s.min - i.med) / ops * 1e6, (s.max - i.med) / ops * 1e6, i.med / s.med,
+      quick           ? "not judged in --quick"
+      : over_us < 2.0 ? "met"
+                      : "NOT met");
   auto cu = summarize(cpu_kv), cs = summarize(csw_kv);
-  std::printf("    store: %.2f us of CPU per op (all threads; inline: %.3f us), %.2f context switches per op\n",
-              cu.med, i.med / ops * 1e6, cs.med);
-  results.push_back({"small_1KiB_store_cpu", cu.med, "us/op", i.med / ops * 1e6, cu.med > 0 ? i.med / ops * 1e6 / cu.med : -1});
-  results.push_back({"small_1KiB_push_pull_1000keys", rate(s.med), "ops/s", rate(i.med), i.med / s.med});
+  std::printf(
+      "    store: %.2f us of CPU per op (all threads; inline: %.3f us), %.2f context switches per "
+      "op\n",
+      cu.med, i.med / ops * 1e6, cs.med);
+  results.push_back({"small_1KiB_store_cpu", cu.med, "us/op", i.med / ops * 1e6,
+                     cu.med > 0 ? i.med / ops * 1e6 / cu.med : -1});
+  results.push_back(
+      {"small_1KiB_push_pull_1000keys", rate(s.med), "ops/s", rate(i.med), i.med / s.med});
   results.push_back({"small_1KiB_engine_overhead", over_us, "us/op", -1, -1});
   return ok;
 }
@@ -288,7 +315,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::printf("local_bench%s: KVStore<local> vs plain loops, same run\n", quick ? " --quick (no targets judged)" : "");
+  std::printf("local_bench%s: KVStore<local> vs plain loops, same run\n",
+              quick ? " --quick (no targets judged)" : "");
   bool ok = true;
   try {
     ok = bench_reduce(quick, threads) && ok;

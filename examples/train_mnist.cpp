@@ -100,7 +100,8 @@ int run(const args& a) {
                                        .weight_decay = a.weight_decay,
                                        .rescale_grad = 1.0 / static_cast<double>(a.batch)});
   // Start from the stored weights (rank 0's), whatever this worker computed.
-  for (std::size_t t = 0; t < net.num_tensors(); ++t) kv.pull(names[t], std::span<float>(params[t]));
+  for (std::size_t t = 0; t < net.num_tensors(); ++t)
+    kv.pull(names[t], std::span<float>(params[t]));
   kv.wait_all();
   kv.barrier();
 
@@ -174,8 +175,7 @@ int run(const args& a) {
       std::snprintf(line, sizeof line,
                     "epoch %d  train loss %.4f  test accuracy %.4f  %.0f samples/s  (%.1f s "
                     "elapsed)",
-                    epoch, loss, accuracy,
-                    static_cast<double>(steps * a.batch) / seconds, elapsed);
+                    epoch, loss, accuracy, static_cast<double>(steps * a.batch) / seconds, elapsed);
       say(line);
     }
     kv.barrier();
@@ -183,11 +183,11 @@ int run(const args& a) {
 
   if (lead) {
     char line[200];
-    std::snprintf(line, sizeof line,
-                  "done: test accuracy %.4f, %.0f samples/s over %.1f s of training", accuracy,
-                  static_cast<double>(steps * a.batch * static_cast<std::size_t>(a.epochs)) /
-                      train_seconds,
-                  train_seconds);
+    std::snprintf(
+        line, sizeof line, "done: test accuracy %.4f, %.0f samples/s over %.1f s of training",
+        accuracy,
+        static_cast<double>(steps * a.batch * static_cast<std::size_t>(a.epochs)) / train_seconds,
+        train_seconds);
     say(line);
     if (a.target >= 0 && accuracy < a.target) {
       std::cerr << "train_mnist: test accuracy " << accuracy << " is below the target " << a.target
@@ -208,7 +208,8 @@ int main(int argc, char** argv) {
       return mnist::train_data_parallel({a.data_dir, a.devices, a.epochs, a.batch, a.lr, a.momentum,
                                          a.weight_decay, a.limit, a.hidden, a.seed, a.target});
 #else
-      std::cerr << "train_mnist: --devices needs a build with the device store (KVSTORE_BUILD_DEVICE)\n";
+      std::cerr
+          << "train_mnist: --devices needs a build with the device store (KVSTORE_BUILD_DEVICE)\n";
       return 2;
 #endif
     }

@@ -132,7 +132,8 @@ inline kvstore::transport::security acceptor_security() {
   kvstore::transport::security s;
   s.token = token;
   s.acceptor = true;
-  s.handshake_timeout = std::chrono::milliseconds(0);  // the peer's close ends each run, not a timer
+  s.handshake_timeout =
+      std::chrono::milliseconds(0);  // the peer's close ends each run, not a timer
   return s;
 }
 

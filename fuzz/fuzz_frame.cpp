@@ -49,7 +49,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   // Any header with a valid command and type survives encode -> decode unchanged.
   wire::header h;
-  h.command = static_cast<wire::cmd>(1 + std::to_integer<unsigned>(p[6]) % static_cast<unsigned>(wire::cmd::last_));
+  h.command = static_cast<wire::cmd>(1 + std::to_integer<unsigned>(p[6]) %
+                                             static_cast<unsigned>(wire::cmd::last_));
   std::memcpy(&h.flags, p + 8, 4);
   std::memcpy(&h.meta_len, p + 12, 4);
   std::memcpy(&h.key, p + 24, 8);

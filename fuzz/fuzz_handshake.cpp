@@ -36,9 +36,11 @@ struct recorder final : transport::frame_handler {
         sink.assign(h.payload_len / 2 + 1, std::byte{0});
         return sink;
       case 3:
-        if (h.command == wire::cmd::push) throw error(errc::size_mismatch, "refused by the fuzz handler");
+        if (h.command == wire::cmd::push)
+          throw error(errc::size_mismatch, "refused by the fuzz handler");
         return {};
-      default: return {};
+      default:
+        return {};
     }
   }
   void on_frame(transport::connection& c, const wire::header& h, std::string meta,
@@ -49,7 +51,8 @@ struct recorder final : transport::frame_handler {
     volatile std::byte sum{0};
     for (auto b : payload) sum = sum ^ b;  // every payload byte must be readable (ASan checks)
     ++frames;
-    if ((how & 4) && h.command == wire::cmd::pull) throw error(errc::protocol, "refused by the fuzz handler");
+    if ((how & 4) && h.command == wire::cmd::pull)
+      throw error(errc::protocol, "refused by the fuzz handler");
     if ((how & 8) && frames == 1) {
       // Answer, so the write path runs alongside the reads.
       transport::out_frame f;

@@ -33,7 +33,8 @@ void one(int which, std::string_view s) {
     }
     case 1: {
       auto b = wire::decode_address_book(s);
-      for (std::size_t i = 0; i < b.servers.size(); ++i) expect(b.servers[i].rank == static_cast<int>(i));
+      for (std::size_t i = 0; i < b.servers.size(); ++i)
+        expect(b.servers[i].rank == static_cast<int>(i));
       expect(wire::encode_address_book(b) == s);
       break;
     }
@@ -75,10 +76,18 @@ void one(int which, std::string_view s) {
       wire::meta_reader r(s.substr(1));
       for (int i = 0; i < 8 && !r.done(); ++i) {
         switch ((ops >> (i % 4 * 2)) & 3) {
-          case 0: r.u32(); break;
-          case 1: r.u64(); break;
-          case 2: r.str(); break;
-          case 3: r.bytes(r.remaining() / 2 + 1); break;
+          case 0:
+            r.u32();
+            break;
+          case 1:
+            r.u64();
+            break;
+          case 2:
+            r.str();
+            break;
+          case 3:
+            r.bytes(r.remaining() / 2 + 1);
+            break;
         }
       }
     }

@@ -59,11 +59,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::uint8_t mode = data[0];
   std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
   if (mode & 2) {
-    if (mode & 1) load<double>(wrap<double>(rest));
-    else load<float>(wrap<float>(rest));
+    if (mode & 1)
+      load<double>(wrap<double>(rest));
+    else
+      load<float>(wrap<float>(rest));
   } else {
-    if (mode & 1) load<double>(rest);
-    else load<float>(rest);
+    if (mode & 1)
+      load<double>(rest);
+    else
+      load<float>(rest);
   }
   return 0;
 }

@@ -248,8 +248,7 @@ void snapshots() {
   const std::size_t head = sizeof wire::snapshot_magic + 4 + 8 + 4;
   put("snapshot", "raw", std::string(1, '\0') + file);
   put("snapshot", "body", std::string(1, '\1') + file.substr(head));
-  put("snapshot", "empty",
-      std::string(1, '\0') + wire::encode_snapshot(wire::shard_snapshot{}));
+  put("snapshot", "empty", std::string(1, '\0') + wire::encode_snapshot(wire::shard_snapshot{}));
   put("snapshot", "truncated", std::string(1, '\0') + file.substr(0, file.size() - 9));
 }
 

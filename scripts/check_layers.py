@@ -21,7 +21,7 @@ MAY_INCLUDE = {
     "detail": {"base"},
     "engine": {"base"},
     "optim": {"base", "detail"},
-    "reduce": {"base", "optim", "device"},
+    "reduce": {"base", "detail", "optim", "device"},
     "device": {"base", "detail", "engine", "reduce", "optim", "options"},
     "wire": {"base", "detail", "optim/slots.hpp"},
     "transport": {"base", "detail", "wire/frame.hpp"},

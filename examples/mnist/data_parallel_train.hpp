@@ -80,8 +80,9 @@ inline int train_data_parallel(const data_parallel_options& o) {
     tables.emplace_back(kv);
     for (std::size_t r = 0; r < n; ++r) {
       const int d = devs[r];
-      tables.back().add(kvstore::device_span<float>{params[r][t].data(), params[r][t].size(), d},
-                        kvstore::device_span<float>{ws[r].grads[t].data(), ws[r].grads[t].size(), d});
+      tables.back().add(
+          kvstore::device_span<float>{params[r][t].data(), params[r][t].size(), d},
+          kvstore::device_span<float>{ws[r].grads[t].data(), ws[r].grads[t].size(), d});
     }
   }
   const kvstore::optim::sgd sgd{.learning_rate = o.lr,
@@ -90,9 +91,11 @@ inline int train_data_parallel(const data_parallel_options& o) {
                                 .rescale_grad = 1.0 / static_cast<double>(o.batch)};
   mlp::tensors mom = net.zeros();
 
-  std::printf("train_mnist: device (DataParallelTable), %zu replica(s) on %s device(s), batch %zu, sgd lr %g "
-              "momentum %g, %d epoch(s)\n",
-              n, kvstore::detail::rt::is_cuda ? "CUDA" : "virtual", o.batch, o.lr, o.momentum, o.epochs);
+  std::printf(
+      "train_mnist: device (DataParallelTable), %zu replica(s) on %s device(s), batch %zu, sgd lr "
+      "%g "
+      "momentum %g, %d epoch(s)\n",
+      n, kvstore::detail::rt::is_cuda ? "CUDA" : "virtual", o.batch, o.lr, o.momentum, o.epochs);
   std::vector<std::size_t> order(train.size());
   std::iota(order.begin(), order.end(), std::size_t{0});
   double accuracy = 0;
@@ -103,10 +106,12 @@ inline int train_data_parallel(const data_parallel_options& o) {
     const auto start = clock::now();
     for (std::size_t step = 0; step < steps; ++step) {
       auto replica = [&](std::size_t r) {
-        const auto [begin, rows] = table::slice_range(o.batch, static_cast<int>(r), static_cast<int>(n));
+        const auto [begin, rows] =
+            table::slice_range(o.batch, static_cast<int>(r), static_cast<int>(n));
         for (std::size_t i = 0; i < rows; ++i) {
           const std::size_t src = order[step * o.batch + begin + i];
-          std::copy_n(train.images.data() + src * train.cols, train.cols, xs[r].data() + i * train.cols);
+          std::copy_n(train.images.data() + src * train.cols, train.cols,
+                      xs[r].data() + i * train.cols);
           ys[r][i] = train.labels[src];
         }
         net.forward(params[r], xs[r].data(), rows, ws[r]);
@@ -135,13 +140,15 @@ inline int train_data_parallel(const data_parallel_options& o) {
       right += net.correct(test.labels.data() + s, rows, ews);
     }
     accuracy = static_cast<double>(right) / static_cast<double>(test.size());
-    const double loss = std::accumulate(losses.begin(), losses.end(), 0.0) / static_cast<double>(steps * o.batch);
-    std::printf("epoch %d  train loss %.4f  test accuracy %.4f  %.0f samples/s\n", epoch, loss, accuracy,
-                static_cast<double>(steps * o.batch) / seconds);
+    const double loss =
+        std::accumulate(losses.begin(), losses.end(), 0.0) / static_cast<double>(steps * o.batch);
+    std::printf("epoch %d  train loss %.4f  test accuracy %.4f  %.0f samples/s\n", epoch, loss,
+                accuracy, static_cast<double>(steps * o.batch) / seconds);
   }
   std::printf("done: test accuracy %.4f\n", accuracy);
   if (o.target >= 0 && accuracy < o.target) {
-    std::fprintf(stderr, "train_mnist: test accuracy %.4f is below the target %.4f\n", accuracy, o.target);
+    std::fprintf(stderr, "train_mnist: test accuracy %.4f is below the target %.4f\n", accuracy,
+                 o.target);
     return 1;
   }
   return 0;

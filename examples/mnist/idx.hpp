@@ -89,11 +89,9 @@ inline idx_array read_idx(const std::string& path, std::size_t expected_rank) {
   f.read_exact(magic.data(), magic.size(), "the magic number");
   // Magic: two zero bytes, the element type (0x08 = unsigned byte), the number of dimensions.
   if (magic[0] != 0 || magic[1] != 0) {
-    throw std::runtime_error("idx: " + path + ": bad magic (not an IDX file" +
-                             std::string(magic[0] == 0x1f && magic[1] == 0x8b
-                                             ? ", looks gzipped twice"
-                                             : "") +
-                             ")");
+    throw std::runtime_error(
+        "idx: " + path + ": bad magic (not an IDX file" +
+        std::string(magic[0] == 0x1f && magic[1] == 0x8b ? ", looks gzipped twice" : "") + ")");
   }
   if (magic[2] != 0x08) {
     char code[8];

@@ -43,9 +43,9 @@ constexpr std::size_t tile_cols = 16;
 // vectorizer the output never aliases the inputs.
 
 /// Plain loops for the ragged edges: C[i_begin..i_end) x [j_begin..j_end) of A * B (+ bias).
-inline void gemm_nn_edge(const float* a, const float* b, const float* bias, float* c,
-                         std::size_t k, std::size_t n, std::size_t i_begin, std::size_t i_end,
-                         std::size_t j_begin, std::size_t j_end) {
+inline void gemm_nn_edge(const float* a, const float* b, const float* bias, float* c, std::size_t k,
+                         std::size_t n, std::size_t i_begin, std::size_t i_end, std::size_t j_begin,
+                         std::size_t j_end) {
   for (std::size_t i = i_begin; i < i_end; ++i) {
     float* crow = c + i * n;
     for (std::size_t j = j_begin; j < j_end; ++j) crow[j] = bias ? bias[j] : 0.0f;
@@ -60,8 +60,8 @@ inline void gemm_nn_edge(const float* a, const float* b, const float* bias, floa
 /// C[m x n] = A[m x k] * B[k x n] (+ bias[n] broadcast over rows if bias != nullptr). Row-major,
 /// leading dimensions equal to the widths.
 MNIST_KERNEL inline void gemm_nn(const float* __restrict a, const float* __restrict b,
-                                 const float* __restrict bias, float* __restrict c,
-                                 std::size_t m, std::size_t k, std::size_t n) {
+                                 const float* __restrict bias, float* __restrict c, std::size_t m,
+                                 std::size_t k, std::size_t n) {
   const std::size_t n_full = n - n % tile_cols;
   const std::size_t m_full = m - m % 4;
   // Column panels outermost: a panel of B (k x 16 floats, 50 KB for k = 784) stays in cache
@@ -104,8 +104,8 @@ MNIST_KERNEL inline void gemm_nn(const float* __restrict a, const float* __restr
 
 /// Plain loops for the ragged edges of gemm_tn: rows [p_begin, p_end) x [j_begin, j_end) of C.
 inline void gemm_tn_edge(const float* a, const float* d, float* c, std::size_t m, std::size_t k,
-                         std::size_t n, std::size_t p_begin, std::size_t p_end,
-                         std::size_t j_begin, std::size_t j_end) {
+                         std::size_t n, std::size_t p_begin, std::size_t p_end, std::size_t j_begin,
+                         std::size_t j_end) {
   for (std::size_t p = p_begin; p < p_end; ++p) {
     float* crow = c + p * n;
     for (std::size_t j = j_begin; j < j_end; ++j) crow[j] = 0.0f;
@@ -119,8 +119,7 @@ inline void gemm_tn_edge(const float* a, const float* d, float* c, std::size_t m
 
 /// C[k x n] = A[m x k]^T * D[m x n]: the weight gradient, summed over the m rows of the batch.
 MNIST_KERNEL inline void gemm_tn(const float* __restrict a, const float* __restrict d,
-                                 float* __restrict c, std::size_t m, std::size_t k,
-                                 std::size_t n) {
+                                 float* __restrict c, std::size_t m, std::size_t k, std::size_t n) {
   const std::size_t n_full = n - n % tile_cols;
   const std::size_t k_full = k - k % 4;
   for (std::size_t p0 = 0; p0 < k_full; p0 += 4) {
@@ -191,7 +190,7 @@ class mlp {
   /// Elements of tensor t (weight or bias).
   std::size_t tensor_size(std::size_t t) const {
     const std::size_t l = t / 2;
-    return t % 2 == 0 ? in(l) * out(l) : out(l);
+    return t % 2 == 0 ? in(l)*out(l) : out(l);
   }
   /// The layer a tensor belongs to.
   static std::size_t layer_of(std::size_t t) { return t / 2; }
@@ -225,12 +224,12 @@ class mlp {
 
   /// Per-thread scratch: activations, deltas, the transposed weight, and this thread's gradients.
   struct workspace {
-    std::size_t capacity = 0;    // rows the buffers are sized for
-    tensors act;                 // act[l] = output of layer l (after ReLU for hidden layers)
-    std::vector<float> delta;    // gradient w.r.t. the current layer's output
-    std::vector<float> delta_in; // gradient w.r.t. its input
-    std::vector<float> wt;       // a transposed weight
-    tensors grads;               // sums over this thread's rows
+    std::size_t capacity = 0;     // rows the buffers are sized for
+    tensors act;                  // act[l] = output of layer l (after ReLU for hidden layers)
+    std::vector<float> delta;     // gradient w.r.t. the current layer's output
+    std::vector<float> delta_in;  // gradient w.r.t. its input
+    std::vector<float> wt;        // a transposed weight
+    tensors grads;                // sums over this thread's rows
   };
 
   workspace make_workspace(std::size_t max_rows) const {
@@ -245,7 +244,7 @@ class mlp {
     // Every delta is rows x (some layer's output width); the input gradient of layer l >= 1 is
     // rows x out(l - 1). So both buffers need rows x the widest output, and can swap roles.
     std::size_t biggest_w = 1;
-    for (std::size_t l = 1; l < num_layers(); ++l) biggest_w = std::max(biggest_w, in(l) * out(l));
+    for (std::size_t l = 1; l < num_layers(); ++l) biggest_w = std::max(biggest_w, in(l)*out(l));
     ws.delta.assign(max_rows * widest, 0.0f);
     ws.delta_in.assign(max_rows * widest, 0.0f);
     ws.wt.assign(biggest_w, 0.0f);
@@ -340,8 +339,8 @@ class mlp {
  private:
   void check_rows(std::size_t rows, const workspace& ws) const {
     if (rows > ws.capacity) {
-      throw std::invalid_argument("mlp: " + std::to_string(rows) + " rows but the workspace holds " +
-                                  std::to_string(ws.capacity));
+      throw std::invalid_argument("mlp: " + std::to_string(rows) +
+                                  " rows but the workspace holds " + std::to_string(ws.capacity));
     }
   }
 

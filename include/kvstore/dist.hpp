@@ -231,9 +231,7 @@ class KVStore<dist, T> {
   // ---- the cluster ---------------------------------------------------------------------------
   /// All workers reach it before any leaves. Throws on its deadline or when a worker died,
   /// naming it.
-  void barrier() {
-    impl_->reqs.barrier(call_kind::barrier, impl_->opts.barrier_timeout);
-  }
+  void barrier() { impl_->reqs.barrier(call_kind::barrier, impl_->opts.barrier_timeout); }
 
   /// MXNet's meaning: how many nodes of the groups in `node_id` (1 scheduler, 2 servers,
   /// 4 workers; sums combine) have not been heard from for timeout_sec. A scheduler that cannot
@@ -340,8 +338,8 @@ class KVStore<dist, T> {
     if (value.empty()) fail(errc::invalid_argument, call_kind::init, k, "an empty value");
     auto slices = detail::partition(k.id(), value.size(), row_length, sizeof(T), num_servers(),
                                     impl_->opts.slice_bytes);
-    auto [m, added] = impl_->keys.add(
-        std::make_unique<record>(k, value.size(), row_length, std::move(slices)));
+    auto [m, added] =
+        impl_->keys.add(std::make_unique<record>(k, value.size(), row_length, std::move(slices)));
     if (!added) {
       detail::check_same_name("init", m->k, k);
       fail(errc::already_inited, call_kind::init, k, "inited twice");

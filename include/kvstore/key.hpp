@@ -14,12 +14,12 @@ namespace kvstore {
 class key {
  public:
   template <std::integral I>
-    requires(!std::same_as<I, bool>)
-  key(I v) noexcept  // NOLINT(google-explicit-constructor): implicit by contract
+  requires(!std::same_as<I, bool>) key(I v)
+  noexcept  // NOLINT(google-explicit-constructor): implicit by contract
       : id_(static_cast<std::uint64_t>(static_cast<std::int64_t>(v))) {}
   key(std::string_view name) : id_(hash(name)), name_(name), named_(true) {}  // NOLINT
-  key(const std::string& name) : key(std::string_view(name)) {}              // NOLINT
-  key(const char* name) : key(std::string_view(name)) {}                     // NOLINT
+  key(const std::string& name) : key(std::string_view(name)) {}               // NOLINT
+  key(const char* name) : key(std::string_view(name)) {}                      // NOLINT
 
   /// The id that identifies the key in stores and on the wire.
   std::uint64_t id() const noexcept { return id_; }

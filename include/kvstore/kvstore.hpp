@@ -5,10 +5,10 @@
 // never launched SPMD may include <kvstore/dist.hpp> without the server loop (spmd.hpp).
 #pragma once
 
+#include <kvstore/dist.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/fwd.hpp>
 #include <kvstore/local.hpp>
 #include <kvstore/optim/all.hpp>
 #include <kvstore/options.hpp>
-#include <kvstore/dist.hpp>
 #include <kvstore/spmd.hpp>

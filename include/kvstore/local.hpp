@@ -183,8 +183,8 @@ class KVStore<local, T> {
     std::vector<group_in> groups;
     {
       std::shared_lock lk(impl_->m);
-      groups = detail::group_by_key<entry*>(values, [&](std::size_t i) { return &find_locked("push", ks[i]); },
-                                            std::equal_to<>{});
+      groups = detail::group_by_key<entry*>(
+          values, [&](std::size_t i) { return &find_locked("push", ks[i]); }, std::equal_to<>{});
     }
     return push_groups("push", std::move(groups), priority);
   }
@@ -201,8 +201,7 @@ class KVStore<local, T> {
   /// Throws: unknown_key, size_mismatch, invalid_argument (no outputs).
   op pull(key k, std::initializer_list<std::span<T>> outs, int priority = 0) {
     if (outs.size() == 0) detail::fail(errc::invalid_argument, "pull", k, "no outputs");
-    return pull_groups("pull", {group_out{&find("pull", k), {outs.begin(), outs.end()}}},
-                       priority);
+    return pull_groups("pull", {group_out{&find("pull", k), {outs.begin(), outs.end()}}}, priority);
   }
 
   /// Pulls several keys as one op (one part per key). Throws as pull, and invalid_argument when
@@ -212,8 +211,8 @@ class KVStore<local, T> {
     std::vector<group_out> groups;
     {
       std::shared_lock lk(impl_->m);
-      groups = detail::group_by_key<entry*>(outs, [&](std::size_t i) { return &find_locked("pull", ks[i]); },
-                                            std::equal_to<>{});
+      groups = detail::group_by_key<entry*>(
+          outs, [&](std::size_t i) { return &find_locked("pull", ks[i]); }, std::equal_to<>{});
     }
     return pull_groups("pull", std::move(groups), priority);
   }
@@ -304,9 +303,8 @@ class KVStore<local, T> {
   /// optimizer (local mode only; it has no state to save). It may be called from several engine
   /// threads at once for different keys, never twice at once for one key. Waits as above.
   template <class F>
-    requires(!optim::registered_optimizer<std::remove_cvref_t<F>> &&
-             optim::callable_optimizer<std::remove_cvref_t<F>, T>)
-  void set_optimizer(F&& f) {
+  requires(!optim::registered_optimizer<std::remove_cvref_t<F>> &&
+           optim::callable_optimizer<std::remove_cvref_t<F>, T>) void set_optimizer(F&& f) {
     install(optim::from_callable<T>(std::remove_cvref_t<F>(std::forward<F>(f))));
   }
 
@@ -357,15 +355,14 @@ class KVStore<local, T> {
       const key shown = ks.name.empty() ? key(static_cast<std::int64_t>(id)) : key(ks.name);
       if (it == impl_->keys.end() || it->second->k.name() != ks.name)
         detail::fail(errc::unknown_key, "load_optimizer_states", shown,
-                           "the file has a state for it, the store has no such key");
+                     "the file has a state for it, the store has no such key");
       auto& e = *it->second;
       if (!ks.st.slots.empty() &&
           (ks.st.slots.size() != slots || ks.st.slots.front().size() != e.size))
         detail::fail(errc::size_mismatch, "load_optimizer_states", e.k,
-                           "saved state has " + std::to_string(ks.st.slots.size()) +
-                               " slots of " + detail::elems(ks.st.slots.front().size()) +
-                               ", expected " + std::to_string(slots) + " of " +
-                               detail::elems(e.size));
+                     "saved state has " + std::to_string(ks.st.slots.size()) + " slots of " +
+                         detail::elems(ks.st.slots.front().size()) + ", expected " +
+                         std::to_string(slots) + " of " + detail::elems(e.size));
       found.emplace_back(&e, &ks);
     }
     const std::uint64_t gen = opt ? opt->gen : 0;
@@ -429,8 +426,8 @@ class KVStore<local, T> {
   static void check_size(std::string_view call, const entry& e, std::size_t n) {
     detail::check_size(call, e.k, e.size, n);
   }
-  static void check_rows(std::string_view call, const entry& e,
-                         std::span<const std::int64_t> rows, std::size_t n) {
+  static void check_rows(std::string_view call, const entry& e, std::span<const std::int64_t> rows,
+                         std::size_t n) {
     detail::check_rows(call, e.k, e.size, e.row_length, rows, n);
   }
 
@@ -439,8 +436,8 @@ class KVStore<local, T> {
     std::vector<std::unique_ptr<entry>> made;
     made.reserve(items.size());
     for (auto& it : items)
-      made.push_back(std::make_unique<entry>(
-          it.k, std::vector<T>(it.value.begin(), it.value.end()), it.row_length));
+      made.push_back(std::make_unique<entry>(it.k, std::vector<T>(it.value.begin(), it.value.end()),
+                                             it.row_length));
     std::unique_lock lk(impl_->m);
     for (std::size_t i = 0; i < made.size(); ++i) {
       const key& k = made[i]->k;

@@ -23,18 +23,24 @@ inline int worker_id(int rank) { return 9 + 2 * rank; }
 
 inline int group_of(role r) {
   switch (r) {
-    case role::scheduler: return group_scheduler;
-    case role::server: return group_servers;
-    case role::worker: return group_workers;
+    case role::scheduler:
+      return group_scheduler;
+    case role::server:
+      return group_servers;
+    case role::worker:
+      return group_workers;
   }
   return 0;
 }
 
 inline const char* role_name(role r) {
   switch (r) {
-    case role::scheduler: return "scheduler";
-    case role::server: return "server";
-    case role::worker: return "worker";
+    case role::scheduler:
+      return "scheduler";
+    case role::server:
+      return "server";
+    case role::worker:
+      return "worker";
   }
   return "?";
 }

@@ -21,13 +21,14 @@ namespace {
 using kvstore::dist;
 using kvstore::errc;
 using kvstore::KVStore;
+using kvtest::expect_error;
 using kvtest::filled;
 using kvtest::iota;
-using kvtest::expect_error;
 
 }  // namespace
 
-TEST_CASE("type, rank and num_workers; a key pulled after init has rank 0's value" * doctest::timeout(30)) {
+TEST_CASE("type, rank and num_workers; a key pulled after init has rank 0's value" *
+          doctest::timeout(30)) {
   for (bool sync : {true, false}) {
     CAPTURE(sync);
     kvtest::cluster c(kvtest::test_options(3, 2, sync));
@@ -53,8 +54,10 @@ TEST_CASE("type, rank and num_workers; a key pulled after init has rank 0's valu
   }
 }
 
-TEST_CASE("dist_sync: a round stores the sum of all workers' pushes; pushes of several devices are summed" *
-          doctest::timeout(30)) {
+TEST_CASE(
+    "dist_sync: a round stores the sum of all workers' pushes; pushes of several devices are "
+    "summed" *
+    doctest::timeout(30)) {
   kvtest::cluster c(kvtest::test_options(2, 2));
   c.run_workers([](KVStore<dist>& kv) {
     const float r = static_cast<float>(kv.rank());
@@ -84,13 +87,16 @@ TEST_CASE("push and pull of several keys in one call; pushpull returns the value
   c.run_workers([](KVStore<dist>& kv) {
     const float r = static_cast<float>(kv.rank());
     std::vector<kvstore::key> ks{1, 2, "bias", 40};
-    std::vector<std::vector<float>> init{filled(3, 1.0f), filled(1, 2.0f), filled(8, 3.0f), filled(2, 4.0f)};
+    std::vector<std::vector<float>> init{filled(3, 1.0f), filled(1, 2.0f), filled(8, 3.0f),
+                                         filled(2, 4.0f)};
     std::vector<std::span<const float>> iv(init.begin(), init.end());
     kv.init(ks, iv);
-    std::vector<std::vector<float>> g{filled(3, r + 1), filled(1, 10 * (r + 1)), iota(8, r), filled(2, -r)};
+    std::vector<std::vector<float>> g{filled(3, r + 1), filled(1, 10 * (r + 1)), iota(8, r),
+                                      filled(2, -r)};
     std::vector<std::span<const float>> gv(g.begin(), g.end());
     kv.push(ks, gv).wait();
-    std::vector<std::vector<float>> out{filled(3, 0.0f), filled(1, 0.0f), filled(8, 0.0f), filled(2, 0.0f)};
+    std::vector<std::vector<float>> out{filled(3, 0.0f), filled(1, 0.0f), filled(8, 0.0f),
+                                        filled(2, 0.0f)};
     std::vector<std::span<float>> ov(out.begin(), out.end());
     kv.pull(ks, ov).wait();
     CHECK(out[0] == filled(3, 3.0f));
@@ -119,7 +125,8 @@ TEST_CASE("push_rows and pull_rows touch only the named rows" * doctest::timeout
     kv.init("emb", iota(rows * rl, 0.0f), rl);  // row i: 3i, 3i+1, 3i+2
     std::vector<std::int64_t> none;
     // Worker 0 pushes rows 1 and 4, worker 1 pushes rows 4 and 5: row 4 gets the sum.
-    std::vector<std::int64_t> mine = kv.rank() == 0 ? std::vector<std::int64_t>{1, 4} : std::vector<std::int64_t>{4, 5};
+    std::vector<std::int64_t> mine =
+        kv.rank() == 0 ? std::vector<std::int64_t>{1, 4} : std::vector<std::int64_t>{4, 5};
     auto vals = filled(2 * rl, kv.rank() == 0 ? 1.0f : 2.0f);
     kv.push_rows("emb", mine, vals).wait();
     std::vector<std::int64_t> ask{5, 0, 4, 1};
@@ -142,7 +149,8 @@ TEST_CASE("push_rows and pull_rows touch only the named rows" * doctest::timeout
   });
 }
 
-TEST_CASE("ops on one key take effect in issue order whatever their priorities" * doctest::timeout(30)) {
+TEST_CASE("ops on one key take effect in issue order whatever their priorities" *
+          doctest::timeout(30)) {
   kvtest::cluster c(kvtest::test_options(1, 2));
   c.run_workers([](KVStore<dist>& kv) {
     kv.init(5, filled(1000, 0.0f));
@@ -161,7 +169,8 @@ TEST_CASE("ops on one key take effect in issue order whatever their priorities" 
     }
     kv.wait(5);
     for (auto& o : ops) CHECK(o.ready());
-    for (int i = 0; i < n; ++i) CHECK(outs[static_cast<std::size_t>(i)] == filled(1000, static_cast<float>(i + 1)));
+    for (int i = 0; i < n; ++i)
+      CHECK(outs[static_cast<std::size_t>(i)] == filled(1000, static_cast<float>(i + 1)));
     // wait_all covers every key.
     kv.init(6, filled(2, 0.0f));
     const auto nine = filled(2, 9.0f);  // alive until the op is done (the buffer rule)
@@ -234,7 +243,8 @@ TEST_CASE("dist_async: each push is applied on arrival" * doctest::timeout(30)) 
   });
 }
 
-TEST_CASE("dist_async: a push sent in several frames is one optimizer step" * doctest::timeout(30)) {
+TEST_CASE("dist_async: a push sent in several frames is one optimizer step" *
+          doctest::timeout(30)) {
   // 3000 floats in frames of 4 KiB: three frames per push, applied one by one on arrival. Adam's
   // bias correction depends on the step count, so a frame counted as a step of its own would
   // move the weights differently from one whole-vector step of the same optimizer here.
@@ -287,7 +297,8 @@ TEST_CASE("KVStore<dist, double>: values and sums in double precision" * doctest
   });
 }
 
-TEST_CASE("a moved store keeps working; misuse is a kvstore::error naming the key" * doctest::timeout(30)) {
+TEST_CASE("a moved store keeps working; misuse is a kvstore::error naming the key" *
+          doctest::timeout(30)) {
   kvtest::cluster c(kvtest::test_options(1, 1));
   c.run_workers([](KVStore<dist>& kv0) {
     KVStore<dist> kv(std::move(kv0));
@@ -335,8 +346,9 @@ std::vector<int> completion_order(const std::vector<kvstore::op>& ops) {
 }
 }  // namespace
 
-TEST_CASE("priorities on the wire: a small high-priority op overtakes a 64 MiB low-priority transfer" *
-          doctest::timeout(60)) {
+TEST_CASE(
+    "priorities on the wire: a small high-priority op overtakes a 64 MiB low-priority transfer" *
+    doctest::timeout(60)) {
   auto o = kvtest::test_options(1, 1);
   o.chunk_bytes = std::size_t{1} << 20;
   kvtest::cluster c(o);
@@ -359,7 +371,8 @@ TEST_CASE("priorities on the wire: a small high-priority op overtakes a 64 MiB l
 
     // Pull: the server's answer of 64 chunks is overtaken by a later high-priority answer.
     std::vector<float> small_out2(4, -1.0f);
-    std::vector<kvstore::op> pulls{kv.pull("big", big_out, -100), kv.pull("small", small_out2, 100)};
+    std::vector<kvstore::op> pulls{kv.pull("big", big_out, -100),
+                                   kv.pull("small", small_out2, 100)};
     order = completion_order(pulls);
     REQUIRE(order.size() == 2);
     CHECK(order.front() == 1);

@@ -34,21 +34,26 @@ namespace {
 using kvstore::dist;
 using kvstore::errc;
 using kvstore::KVStore;
-using kvtest::filled;
 using kvtest::expect_error;
+using kvtest::filled;
 using clk = std::chrono::steady_clock;
 
-double seconds_since(clk::time_point t) { return std::chrono::duration<double>(clk::now() - t).count(); }
+double seconds_since(clk::time_point t) {
+  return std::chrono::duration<double>(clk::now() - t).count();
+}
 
 // An integer key of `total` floats whose (only) slice lives on server `server`.
-std::int64_t key_on(int server, int servers, std::uint64_t total, std::size_t slice_bytes, std::int64_t from = 1) {
+std::int64_t key_on(int server, int servers, std::uint64_t total, std::size_t slice_bytes,
+                    std::int64_t from = 1) {
   for (std::int64_t k = from;; ++k) {
-    auto p = kvstore::detail::partition(static_cast<std::uint64_t>(k), total, 0, 4, servers, slice_bytes);
+    auto p = kvstore::detail::partition(static_cast<std::uint64_t>(k), total, 0, 4, servers,
+                                        slice_bytes);
     if (p.size() == 1 && p[0].server == server) return k;
   }
 }
 
-// ---- a raw TCP client, for speaking (or garbling) the wire protocol by hand ----------------------
+// ---- a raw TCP client, for speaking (or garbling) the wire protocol by hand
+// ----------------------
 struct raw_client {
   int fd = -1;
   explicit raw_client(std::uint16_t port) {
@@ -73,7 +78,8 @@ struct raw_client {
     }
     return true;
   }
-  bool send_frame(kvstore::wire::header h, const std::string& meta = {}, const std::string& payload = {}) {
+  bool send_frame(kvstore::wire::header h, const std::string& meta = {},
+                  const std::string& payload = {}) {
     h.meta_len = static_cast<std::uint32_t>(meta.size());
     h.payload_len = payload.size();
     auto b = kvstore::wire::encode(h);
@@ -94,7 +100,8 @@ struct raw_client {
     char* c = static_cast<char*>(p);
     const auto until = clk::now() + timeout;
     while (n) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
       if (left <= 0) return false;
       pollfd pf{fd, POLLIN, 0};
       if (::poll(&pf, 1, static_cast<int>(left)) <= 0) return false;
@@ -123,7 +130,8 @@ struct raw_client {
     const auto until = clk::now() + timeout;
     char buf[4096];
     for (;;) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
       if (left <= 0) return false;
       pollfd pf{fd, POLLIN, 0};
       if (::poll(&pf, 1, static_cast<int>(left)) <= 0) return false;
@@ -145,7 +153,8 @@ kvstore::wire::header hdr(kvstore::wire::cmd c) {
 // With KVTEST_CHILD_WORKER set this case is a dist worker configured from the environment: it
 // inits key 1, pushes one round, checks the pull, prints "ready" and then sleeps until killed.
 // Without it (every normal run) it does nothing.
-TEST_CASE("child worker process (runs only when re-executed by the killed-worker test)" * doctest::timeout(90)) {
+TEST_CASE("child worker process (runs only when re-executed by the killed-worker test)" *
+          doctest::timeout(90)) {
   if (!std::getenv("KVTEST_CHILD_WORKER")) return;
   int rc = 0;
   try {
@@ -193,10 +202,12 @@ TEST_CASE("misuse is a kvstore::error naming the key, and the servers keep servi
     if (kv.rank() == 0) {
       expect_error([&] { kv.pull(424242, out); }, errc::unknown_key, {"424242"});
       expect_error([&] { kv.push("ghost", filled(4, 1.0f)); }, errc::unknown_key, {"\"ghost\""});
-      expect_error([&] { kv.push(k, filled(5, 1.0f)); }, errc::size_mismatch, {std::to_string(k), "5"});
+      expect_error([&] { kv.push(k, filled(5, 1.0f)); }, errc::size_mismatch,
+                   {std::to_string(k), "5"});
       expect_error([&] { kv.pull(k, rows2); }, errc::size_mismatch, {std::to_string(k), "8"});
       std::vector<std::int64_t> far{2, 10}, ok{1, 2};
-      expect_error([&] { kv.pull_rows("m", far, rows2); }, errc::row_out_of_range, {"\"m\"", "row 10"});
+      expect_error([&] { kv.pull_rows("m", far, rows2); }, errc::row_out_of_range,
+                   {"\"m\"", "row 10"});
       expect_error([&] { kv.push_rows(k, ok, rows2); }, errc::not_a_matrix, {std::to_string(k)});
     }
     // init twice: refused on every worker, and the value is untouched.
@@ -207,8 +218,9 @@ TEST_CASE("misuse is a kvstore::error naming the key, and the servers keep servi
   });
 }
 
-TEST_CASE("a server refuses bad requests with an error answer naming the key, and keeps the connection" *
-          doctest::timeout(30)) {
+TEST_CASE(
+    "a server refuses bad requests with an error answer naming the key, and keeps the connection" *
+    doctest::timeout(30)) {
   auto o = kvtest::test_options(1, 1);
   kvtest::cluster c(o);
   c.run_workers([&](KVStore<dist>& kv) {
@@ -218,8 +230,8 @@ TEST_CASE("a server refuses bad requests with an error answer naming the key, an
     auto hello = hdr(kvstore::wire::cmd::hello);
     hello.aux = 0;  // as worker 0 (this test's own worker: it says bye before closing)
     REQUIRE(rc.send_frame(hello));
-    auto expect_refusal = [&](kvstore::wire::header h, std::uint64_t req, errc code, const std::string& part,
-                              const std::string& meta = {}) {
+    auto expect_refusal = [&](kvstore::wire::header h, std::uint64_t req, errc code,
+                              const std::string& part, const std::string& meta = {}) {
       h.req_id = req;
       REQUIRE(rc.send_frame(h, meta));
       kvstore::wire::header ans;
@@ -271,7 +283,8 @@ TEST_CASE("garbage on a server's or the scheduler's port is dropped; real worker
   std::thread attacker([&] {
     // Wait until the workers are at work.
     while (rounds < 3 && !quit) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    std::vector<std::uint16_t> ports{c.server(0).port(), c.server(1).port(), c.options().scheduler_port};
+    std::vector<std::uint16_t> ports{c.server(0).port(), c.server(1).port(),
+                                     c.options().scheduler_port};
     std::mt19937 rng(42);
     for (auto port : ports) {
       CAPTURE(port);
@@ -369,7 +382,8 @@ TEST_CASE("garbage on a server's or the scheduler's port is dropped; real worker
       CHECK(seconds_since(t0) >= 0.5);
     }
     garbage_done = true;
-    while (!quit) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // until the workers finish
+    while (!quit)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // until the workers finish
   });
   try {
     c.run_workers([&](KVStore<dist>& kv) {
@@ -409,8 +423,9 @@ TEST_CASE("garbage on a server's or the scheduler's port is dropped; real worker
   CHECK(rounds > 5);
 }
 
-TEST_CASE("a server stopped mid-job fails pending and later ops naming it, quickly; the rest goes on" *
-          doctest::timeout(40)) {
+TEST_CASE(
+    "a server stopped mid-job fails pending and later ops naming it, quickly; the rest goes on" *
+    doctest::timeout(40)) {
   auto o = kvtest::test_options(2, 2);
   o.slice_bytes = 64;
   kvtest::cluster c(o);
@@ -432,7 +447,8 @@ TEST_CASE("a server stopped mid-job fails pending and later ops naming it, quick
       step = 1;
       while (step < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       const auto t0 = clk::now();
-      expect_error([&] { p.wait(); }, errc::node_dead, {"server 1", "push of key " + std::to_string(on1)});
+      expect_error([&] { p.wait(); }, errc::node_dead,
+                   {"server 1", "push of key " + std::to_string(on1)});
       failed_after = seconds_since(t0);
     } else {
       while (step < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -466,7 +482,8 @@ TEST_CASE("a sync round that cannot complete fails at the request deadline, nami
     if (kv.rank() == 0) {
       const auto t0 = clk::now();
       const auto g = filled(2, 1.0f);
-      expect_error([&] { kv.push(3, g).wait(); }, errc::timeout, {"push of key 3", "server 0", "800 ms"});
+      expect_error([&] { kv.push(3, g).wait(); }, errc::timeout,
+                   {"push of key 3", "server 0", "800 ms"});
       const double s = seconds_since(t0);
       CHECK(s >= 0.7);
       CHECK(s < 5.0);

@@ -31,9 +31,9 @@ namespace {
 using kvstore::dist;
 using kvstore::errc;
 using kvstore::KVStore;
+using kvtest::expect_error;
 using kvtest::filled;
 using kvtest::iota;
-using kvtest::expect_error;
 
 // Options that slice anything above 64 bytes over all servers and send 10-float chunks.
 kvstore::dist_options small_slices(int workers, int servers, bool sync = true) {
@@ -44,7 +44,8 @@ kvstore::dist_options small_slices(int workers, int servers, bool sync = true) {
 }
 
 std::filesystem::path temp_file(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("kvtest_dist_sync_" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("kvtest_dist_sync_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return dir / name;
 }
@@ -59,8 +60,10 @@ void check_near(const std::vector<float>& got, const std::vector<float>& want) {
 
 }  // namespace
 
-TEST_CASE("the partition: small values whole on one server, big ones sliced evenly, matrices by whole rows" *
-          doctest::timeout(20)) {
+TEST_CASE(
+    "the partition: small values whole on one server, big ones sliced evenly, matrices by whole "
+    "rows" *
+    doctest::timeout(20)) {
   using kvstore::detail::partition;
   auto whole = partition(5, 16, 0, 4, 3, 64);
   REQUIRE(whole.size() == 1);
@@ -92,19 +95,20 @@ TEST_CASE("the partition: small values whole on one server, big ones sliced even
   }
 }
 
-TEST_CASE("dist_sync: 4 workers, 12 rounds, a pull issued right after a push sees that round's sum" *
-          doctest::timeout(40)) {
+TEST_CASE(
+    "dist_sync: 4 workers, 12 rounds, a pull issued right after a push sees that round's sum" *
+    doctest::timeout(40)) {
   kvtest::cluster c(small_slices(4, 3));
   c.run_workers([](KVStore<dist>& kv) {
     const float r = static_cast<float>(kv.rank());
-    kv.init(1, filled(3, 0.0f));          // whole on one server
-    kv.init("big", filled(1001, 0.0f));   // sliced over 3 servers, 10-float chunks
+    kv.init(1, filled(3, 0.0f));         // whole on one server
+    kv.init("big", filled(1001, 0.0f));  // sliced over 3 servers, 10-float chunks
     std::vector<float> small(3), big(1001);
     for (int round = 1; round <= 12; ++round) {
       CAPTURE(round);
       const float f = static_cast<float>(round);
-      const auto g1 = filled(3, f * (r + 1));        // sum over ranks: 10 f
-      const auto g2 = iota(1001, f * r, 1.0f);       // sum: 6 f + 4 i
+      const auto g1 = filled(3, f * (r + 1));   // sum over ranks: 10 f
+      const auto g2 = iota(1001, f * r, 1.0f);  // sum: 6 f + 4 i
       // No wait between push and pull: per-key order makes the pull see this round.
       auto p1 = kv.push(1, g1, round % 3);
       auto p2 = kv.push("big", g2, -round);
@@ -120,7 +124,8 @@ TEST_CASE("dist_sync: 4 workers, 12 rounds, a pull issued right after a push see
   });
 }
 
-TEST_CASE("dist_async with several workers and a sliced key: every push applied once" * doctest::timeout(40)) {
+TEST_CASE("dist_async with several workers and a sliced key: every push applied once" *
+          doctest::timeout(40)) {
   kvtest::cluster c(small_slices(3, 2, /*sync=*/false));
   c.run_workers([](KVStore<dist>& kv) {
     kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 1.0});
@@ -159,7 +164,8 @@ TEST_CASE("slicing and chunking round-trip exact values, float and double, with 
     cd.run_workers<double>([](KVStore<dist, double>& kv) {
       const std::size_t n = 2001;
       kv.init("d", iota<double>(n, 0.25, 0.125));
-      const double tiny = 1.0 / static_cast<double>(1 << 30);  // i + tiny is exact in double, not in float
+      const double tiny =
+          1.0 / static_cast<double>(1 << 30);  // i + tiny is exact in double, not in float
       kv.push("d", iota<double>(n, kv.rank() == 0 ? tiny : 1.0, 1.0)).wait();
       std::vector<double> out(n);
       kv.pull("d", out).wait();
@@ -178,10 +184,13 @@ TEST_CASE("matrix rows split over servers: push_rows sums duplicates and other w
     std::vector<std::int64_t> rows = kv.rank() == 0 ? std::vector<std::int64_t>{0, 19, 7, 7}
                                                     : std::vector<std::int64_t>{19, 10, 3};
     std::vector<float> vals;
-    for (auto r : rows) for (std::size_t j = 0; j < rl; ++j) vals.push_back(static_cast<float>(r + 100 * kv.rank()));
+    for (auto r : rows)
+      for (std::size_t j = 0; j < rl; ++j) vals.push_back(static_cast<float>(r + 100 * kv.rank()));
     kv.push_rows("emb", rows, vals).wait();
     std::vector<float> want(nrows * rl, 0.0f);
-    auto set = [&](std::size_t r, float v) { for (std::size_t j = 0; j < rl; ++j) want[r * rl + j] = v; };
+    auto set = [&](std::size_t r, float v) {
+      for (std::size_t j = 0; j < rl; ++j) want[r * rl + j] = v;
+    };
     set(0, 0);
     set(19, 19 + 119);
     set(7, 14);
@@ -194,7 +203,8 @@ TEST_CASE("matrix rows split over servers: push_rows sums duplicates and other w
     std::vector<float> got(ask.size() * rl, -1.0f);
     kv.pull_rows("emb", ask, got).wait();
     for (std::size_t i = 0; i < ask.size(); ++i)
-      for (std::size_t j = 0; j < rl; ++j) CHECK(got[i * rl + j] == want[static_cast<std::size_t>(ask[i]) * rl + j]);
+      for (std::size_t j = 0; j < rl; ++j)
+        CHECK(got[i * rl + j] == want[static_cast<std::size_t>(ask[i]) * rl + j]);
     // A round in which a worker pushes rows of only one server still completes everywhere.
     std::vector<std::int64_t> one{static_cast<std::int64_t>(kv.rank())};
     kv.push_rows("emb", one, filled(rl, 1.0f)).wait();
@@ -231,10 +241,13 @@ TEST_CASE("sgd with momentum on the servers: applied once per round to the summe
   });
 }
 
-TEST_CASE("adam on the servers equals adam in a local store given the summed gradients" * doctest::timeout(40)) {
+TEST_CASE("adam on the servers equals adam in a local store given the summed gradients" *
+          doctest::timeout(40)) {
   const kvstore::optim::adam opt{.learning_rate = 0.01, .weight_decay = 0.001};
   const std::size_t n = 40;
-  auto grad = [](int round, int rank) { return iota(40, 0.1f * static_cast<float>(round + rank), -0.03f); };
+  auto grad = [](int round, int rank) {
+    return iota(40, 0.1f * static_cast<float>(round + rank), -0.03f);
+  };
   // Local reference: each round pushes both workers' gradients (summed by the store).
   std::vector<std::vector<float>> want;
   {
@@ -263,11 +276,14 @@ TEST_CASE("adam on the servers equals adam in a local store given the summed gra
   });
 }
 
-TEST_CASE("optimizer states: a local store's file loads into dist and a dist file into a local store" *
-          doctest::timeout(60)) {
+TEST_CASE(
+    "optimizer states: a local store's file loads into dist and a dist file into a local store" *
+    doctest::timeout(60)) {
   const kvstore::optim::adam opt{.learning_rate = 0.05};
   const std::size_t n = 30;  // key 2 (120 bytes) is sliced over both servers; "b" is whole
-  auto g = [](int step, std::size_t size, float base) { return iota(size, base * static_cast<float>(step + 1), 0.25f); };
+  auto g = [](int step, std::size_t size, float base) {
+    return iota(size, base * static_cast<float>(step + 1), 0.25f);
+  };
   const auto w0 = iota(n, 1.0f), b0 = filled(3, 2.0f);
 
   // The reference run: three steps in one local store, states saved after two.
@@ -300,7 +316,10 @@ TEST_CASE("optimizer states: a local store's file loads into dist and a dist fil
       kv.load_optimizer_states(lfile);
       kv.barrier();  // every server has its part before anyone pushes
       // The third step's gradient, half from each worker (exact halves: multiples of 0.25).
-      auto half = [](std::vector<float> v) { for (auto& x : v) x /= 2; return v; };
+      auto half = [](std::vector<float> v) {
+        for (auto& x : v) x /= 2;
+        return v;
+      };
       kv.push(2, half(g(2, n, 1.0f))).wait();
       kv.push("b", half(g(2, 3, -2.0f))).wait();
       std::vector<float> w(n), b(3);
@@ -417,7 +436,9 @@ struct hooked_cluster {
   struct call {
     int server, head;
     std::string body;
-    bool operator<(const call& o) const { return std::tie(server, head, body) < std::tie(o.server, o.head, o.body); }
+    bool operator<(const call& o) const {
+      return std::tie(server, head, body) < std::tie(o.server, o.head, o.body);
+    }
     bool operator==(const call& o) const = default;
   };
   kvstore::dist_options opts;
@@ -457,7 +478,8 @@ TEST_CASE("send_command_to_servers runs every server's on_command hook before it
     // A hook that throws is a kvstore::error for the worker, naming the server and the reason.
     // (Not under TSan: an exception_ptr made on the io thread and released there after the worker
     // read it is a false positive, libstdc++'s refcount being uninstrumented.)
-    expect_error([&] { kv.send_command_to_servers(99, "x"); }, errc::server_error, {"head 99 is refused", "server"});
+    expect_error([&] { kv.send_command_to_servers(99, "x"); }, errc::server_error,
+                 {"head 99 is refused", "server"});
 #endif
     // The servers still serve.
     kv.init(1, filled(2, 3.0f));

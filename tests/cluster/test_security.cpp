@@ -34,7 +34,9 @@ kvstore::dist_options secured(int w, int s, std::string token) {
 struct raw_client {
   asio::io_context io;
   tcp::socket s{io};
-  explicit raw_client(std::uint16_t port) { s.connect({asio::ip::make_address("127.0.0.1"), port}); }
+  explicit raw_client(std::uint16_t port) {
+    s.connect({asio::ip::make_address("127.0.0.1"), port});
+  }
   void write(const std::string& bytes) {
     boost::system::error_code ec;
     asio::write(s, asio::buffer(bytes), ec);
@@ -93,7 +95,8 @@ TEST_CASE("proofs: right token checks, wrong token and tampering do not" * docte
   CHECK_FALSE(kvstore::transport::check_proof("s3cret", m, p));
 }
 
-TEST_CASE("a job with a token works; a worker with the wrong token is refused" * doctest::timeout(60)) {
+TEST_CASE("a job with a token works; a worker with the wrong token is refused" *
+          doctest::timeout(60)) {
   kvtest::cluster c(secured(1, 1, "s3cret"));
   // A worker with the wrong token cannot join: a clear error, no hang.
   {

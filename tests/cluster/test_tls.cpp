@@ -21,18 +21,20 @@ struct pki {
   pki() {
     // Two CAs: ours signs the nodes; a stranger's signs an intruder.
     for (const char* ca : {"ca", "other-ca"}) {
-      run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj /CN=" +
-          std::string(ca) + " -keyout " + p(std::string(ca) + ".key") + " -out " + p(std::string(ca) + ".pem"));
+      run("openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 1 -subj "
+          "/CN=" +
+          std::string(ca) + " -keyout " + p(std::string(ca) + ".key") + " -out " +
+          p(std::string(ca) + ".pem"));
     }
     issue("node", "ca");
     issue("intruder", "other-ca");
   }
   std::string p(const std::string& f) const { return dir / f; }
   void issue(const std::string& name, const std::string& ca) {
-    run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=" + name + " -keyout " +
-        p(name + ".key") + " -out " + p(name + ".csr"));
-    run("openssl x509 -req -days 1 -in " + p(name + ".csr") + " -CA " + p(ca + ".pem") + " -CAkey " +
-        p(ca + ".key") + " -CAcreateserial -out " + p(name + ".pem"));
+    run("openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=" + name +
+        " -keyout " + p(name + ".key") + " -out " + p(name + ".csr"));
+    run("openssl x509 -req -days 1 -in " + p(name + ".csr") + " -CA " + p(ca + ".pem") +
+        " -CAkey " + p(ca + ".key") + " -CAcreateserial -out " + p(name + ".pem"));
   }
   static void run(const std::string& cmd) {
     REQUIRE_MESSAGE(std::system((cmd + " >/dev/null 2>&1").c_str()) == 0, cmd);

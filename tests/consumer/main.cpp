@@ -25,7 +25,8 @@ int main(int argc, char**) {
 
   const std::vector<float> expected{0.75f, 1.5f, 2.5f};
   if (out != expected) {
-    std::fprintf(stderr, "consumer: pulled %g %g %g, expected 0.75 1.5 2.5\n", out[0], out[1], out[2]);
+    std::fprintf(stderr, "consumer: pulled %g %g %g, expected 0.75 1.5 2.5\n", out[0], out[1],
+                 out[2]);
     return 1;
   }
   if (argc > 1000) return dist_round(w, out);  // never: keeps the dist code in the link

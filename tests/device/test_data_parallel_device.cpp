@@ -13,7 +13,8 @@ using dtest::on;
 
 TEST_CASE("replicas on several devices: gradients summed into the primary, parameters broadcast" *
           doctest::timeout(60)) {
-  dstore kv(kvstore::device_options{.devices = dtest::devices(), .placement = kvstore::placement::first});
+  dstore kv(
+      kvstore::device_options{.devices = dtest::devices(), .placement = kvstore::placement::first});
   const std::size_t n = 1001;
   std::vector<kvstore::device_buffer<float>> p, g;
   for (int r = 0; r < 3; ++r) {
@@ -26,7 +27,8 @@ TEST_CASE("replicas on several devices: gradients summed into the primary, param
     g.push_back(on(dev(static_cast<std::size_t>(r)), hg));
   }
   table t(kv);
-  for (int r = 0; r < 3; ++r) t.add(p[static_cast<std::size_t>(r)].span(), g[static_cast<std::size_t>(r)].span());
+  for (int r = 0; r < 3; ++r)
+    t.add(p[static_cast<std::size_t>(r)].span(), g[static_cast<std::size_t>(r)].span());
   t.acc_grad_parameters();
   CHECK(t.needs_sync());
   const auto g0 = g[0].to_host();

@@ -27,7 +27,8 @@ TEST_CASE("slice_range splits as cunn does" * doctest::timeout(30)) {
   CHECK_THROWS_AS(table::slice_range(10, 0, 0), kvstore::error);
 }
 
-TEST_CASE("acc_grad_parameters sums into the primary; sync_parameters broadcasts" * doctest::timeout(30)) {
+TEST_CASE("acc_grad_parameters sums into the primary; sync_parameters broadcasts" *
+          doctest::timeout(30)) {
   kvstore::KVStore<kvstore::local, float> kv;
   std::vector<std::vector<float>> params(3, std::vector<float>(4)), grads(3, std::vector<float>(4));
   for (int r = 0; r < 3; ++r)
@@ -36,7 +37,8 @@ TEST_CASE("acc_grad_parameters sums into the primary; sync_parameters broadcasts
       grads[r][i] = static_cast<float>(r + 1) * 0.5f;
     }
   table t(kv);
-  for (int r = 0; r < 3; ++r) CHECK(&t.add(std::span<float>(params[r]), std::span<float>(grads[r])) == &t);
+  for (int r = 0; r < 3; ++r)
+    CHECK(&t.add(std::span<float>(params[r]), std::span<float>(grads[r])) == &t);
   CHECK(t.size() == 3);
   CHECK_FALSE(t.needs_sync());
   t.acc_grad_parameters();

@@ -6,11 +6,11 @@
 
 #include <kvstore/local.hpp>
 
+#include <unistd.h>
 #include <cstdint>
 #include <filesystem>
 #include <string>
 #include <type_traits>
-#include <unistd.h>
 #include <vector>
 
 using kvstore::device_buffer;
@@ -51,13 +51,16 @@ template <class T = float>
 std::vector<T> wiggly(std::size_t n, int seed) {
   std::vector<T> v(n);
   for (std::size_t i = 0; i < n; ++i)
-    v[i] = static_cast<T>(0.1 * static_cast<double>((i * 7 + static_cast<std::size_t>(seed) * 13) % 101) - 3.3) /
-           static_cast<T>(seed + 3);
+    v[i] =
+        static_cast<T>(
+            0.1 * static_cast<double>((i * 7 + static_cast<std::size_t>(seed) * 13) % 101) - 3.3) /
+        static_cast<T>(seed + 3);
   return v;
 }
 
 std::filesystem::path temp_file(const std::string& stem) {
-  return std::filesystem::temp_directory_path() / ("kvstore_test_device_" + stem + "_" + std::to_string(::getpid()));
+  return std::filesystem::temp_directory_path() /
+         ("kvstore_test_device_" + stem + "_" + std::to_string(::getpid()));
 }
 
 }  // namespace
@@ -75,15 +78,20 @@ TEST_CASE("identity and one-process no-ops" * doctest::timeout(60)) {
 }
 
 TEST_CASE("construction errors" * doctest::timeout(60)) {
-  dtest::expect_error([] { dstore kv(device_options{.devices = {}}); }, errc::invalid_argument, {"no devices"});
-  dtest::expect_error([] { dstore kv(device_options{.devices = {0, 0}}); }, errc::invalid_argument,
-                      {"device 0", "twice"});
+  dtest::expect_error([] { dstore kv(device_options{.devices = {}}); }, errc::invalid_argument,
+                      {"no devices"});
+  dtest::expect_error(
+      [] {
+        dstore kv(device_options{.devices = {0, 0}});
+      },
+      errc::invalid_argument, {"device 0", "twice"});
   dtest::expect_error([] { dstore kv(device_options{.devices = {-1}}); }, errc::invalid_argument,
                       {"device -1", "does not exist"});
 }
 
-TEST_CASE("init, push stores the value, pull returns it: device and host spans, int and string keys" *
-          doctest::timeout(60)) {
+TEST_CASE(
+    "init, push stores the value, pull returns it: device and host spans, int and string keys" *
+    doctest::timeout(60)) {
   dstore kv(opts());
   const std::vector<float> a{1, 2, 3, 4}, b{5, 6, 7, 8};
   auto da = on(dev(1), a);
@@ -116,8 +124,9 @@ TEST_CASE("double store" * doctest::timeout(60)) {
   CHECK(host_pull(kv, 1, 3) == std::vector<double>{0.1 + 1e-17, 0.2 + 2, 0.3 + 3});
 }
 
-TEST_CASE("a push of several devices' values is their sum, bit-exact with local; a pull broadcasts" *
-          doctest::timeout(60)) {
+TEST_CASE(
+    "a push of several devices' values is their sum, bit-exact with local; a pull broadcasts" *
+    doctest::timeout(60)) {
   for (int k : {2, 3, 8, 9, 17}) {
     CAPTURE(k);
     const std::size_t n = 1000 + static_cast<std::size_t>(k);  // not a multiple of a vector width
@@ -158,7 +167,8 @@ TEST_CASE("a push of several devices' values is their sum, bit-exact with local;
   }
 }
 
-TEST_CASE("host values are staged in bounded chunks and summed like device values" * doctest::timeout(60)) {
+TEST_CASE("host values are staged in bounded chunks and summed like device values" *
+          doctest::timeout(60)) {
   auto o = opts();
   o.staging_elems = 7;  // several chunks and a short last one
   dstore kv(o);
@@ -231,14 +241,16 @@ TEST_CASE("multi-key init, push and pull; a key named twice gets the sum" * doct
   CHECK(ha == std::vector<float>{11, 22});
   CHECK(hb == b);
   const std::vector<key> k2{7, 8};
-  const std::vector<std::span<const float>> v2{std::span<const float>(a), std::span<const float>(c)};
+  const std::vector<std::span<const float>> v2{std::span<const float>(a),
+                                               std::span<const float>(c)};
   kv.init(std::span<const key>(k2), std::span<const std::span<const float>>(v2));
   kv.push(std::span<const key>(k2), std::span<const std::span<const float>>(v2)).wait();
   CHECK(host_pull(kv, 8, 2) == c);
   // All or nothing: a multi-key init naming a taken key inits none of them.
   const std::vector<key> k3{9, 7};
-  dtest::expect_error([&] { kv.init(std::span<const key>(k3), std::span<const std::span<const float>>(v2)); },
-                      errc::already_inited, {"key 7"});
+  dtest::expect_error(
+      [&] { kv.init(std::span<const key>(k3), std::span<const std::span<const float>>(v2)); },
+      errc::already_inited, {"key 7"});
   dtest::expect_error([&] { (void)host_pull(kv, 9, 2); }, errc::unknown_key, {"key 9"});
 }
 
@@ -285,7 +297,11 @@ TEST_CASE_TEMPLATE("fused optimizers match KVStore<local>: several devices, seve
                    O, kvstore::optim::sgd, kvstore::optim::adam, kvstore::optim::adagrad) {
   O o{};
   if constexpr (std::is_same_v<O, kvstore::optim::sgd>) {
-    o = {.learning_rate = 0.1, .momentum = 0.9, .weight_decay = 1e-3, .rescale_grad = 0.5, .clip_gradient = 0.8};
+    o = {.learning_rate = 0.1,
+         .momentum = 0.9,
+         .weight_decay = 1e-3,
+         .rescale_grad = 0.5,
+         .clip_gradient = 0.8};
   } else if constexpr (std::is_same_v<O, kvstore::optim::adam>) {
     o = {.learning_rate = 0.01, .weight_decay = 1e-3, .clip_gradient = 1.0};
   } else {
@@ -308,7 +324,9 @@ TEST_CASE_TEMPLATE("fused optimizers match KVStore<local>: several devices, seve
     auto d2 = on(dev(1), g2);
     auto d3 = on(dev(2), g3);
     kv.push(1, {d1.cspan(), d2.cspan(), d3.cspan()}).wait();
-    ref.push(1, {std::span<const float>(g1), std::span<const float>(g2), std::span<const float>(g3)}).wait();
+    ref.push(1,
+             {std::span<const float>(g1), std::span<const float>(g2), std::span<const float>(g3)})
+        .wait();
     const std::vector<std::int64_t> rows{2, 0, 2};
     const auto rv = wiggly(12, 40 + step);
     auto drv = on(dev(1), rv);
@@ -324,19 +342,22 @@ TEST_CASE_TEMPLATE("fused optimizers match KVStore<local>: several devices, seve
   CHECK(row == std::vector<float>(4, 0.5f));
 }
 
-TEST_CASE("sgd exact values; more than eight gradients folded before the update" * doctest::timeout(60)) {
+TEST_CASE("sgd exact values; more than eight gradients folded before the update" *
+          doctest::timeout(60)) {
   dstore kv(opts());
   kv.init(1, std::span<const float>(std::vector<float>{1, 2}));
   kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.5});
   std::vector<device_buffer<float>> g;
   std::vector<device_span<const float>> s;
-  for (int j = 0; j < 10; ++j) g.push_back(on(dev(static_cast<std::size_t>(j)), std::vector<float>{0.25f, 1.f}));
+  for (int j = 0; j < 10; ++j)
+    g.push_back(on(dev(static_cast<std::size_t>(j)), std::vector<float>{0.25f, 1.f}));
   for (auto& b : g) s.push_back(b.cspan());
   kv.push(1, std::span<const device_span<const float>>(s)).wait();  // grad {2.5, 10}
   CHECK(host_pull(kv, 1, 2) == std::vector<float>{1 - 1.25f, 2 - 5});
 }
 
-TEST_CASE("a callable optimizer runs on host copies; a user-registered type too" * doctest::timeout(60)) {
+TEST_CASE("a callable optimizer runs on host copies; a user-registered type too" *
+          doctest::timeout(60)) {
   dstore kv(opts());
   lstore ref;
   const std::vector<float> w{1, 2, 3};
@@ -422,64 +443,89 @@ TEST_CASE("every misuse throws at the call, names the key (and device), changes 
   auto good = on(dev(0), std::vector<float>{9, 9, 9, 9});
   auto short_buf = on(dev(0), std::vector<float>{9, 9});
 
-  dtest::expect_error([&] { kv.push(2, good.cspan()); }, errc::unknown_key, {"push", "key 2", "never inited"});
+  dtest::expect_error([&] { kv.push(2, good.cspan()); }, errc::unknown_key,
+                      {"push", "key 2", "never inited"});
   dtest::expect_error([&] { kv.pull(2, good.span()); }, errc::unknown_key, {"pull", "key 2"});
   dtest::expect_error([&] { kv.init(1, good.cspan()); }, errc::already_inited, {"key 1", "twice"});
-  dtest::expect_error([&] { kv.push(1, short_buf.cspan()); }, errc::size_mismatch, {"key 1", "size 2", "4"});
+  dtest::expect_error([&] { kv.push(1, short_buf.cspan()); }, errc::size_mismatch,
+                      {"key 1", "size 2", "4"});
   dtest::expect_error([&] { kv.pull(1, short_buf.span()); }, errc::size_mismatch, {"key 1"});
-  dtest::expect_error([&] { kv.push(1, {good.cspan(), short_buf.cspan()}); }, errc::size_mismatch, {"key 1"});
-  dtest::expect_error([&] { kv.push(1, device_span<const float>{good.data(), 4, 99}); }, errc::invalid_argument,
-                      {"key 1", "device 99", "not one of the store's devices"});
-  dtest::expect_error([&] { kv.pull(1, device_span<float>{good.data(), 4, -3}); }, errc::invalid_argument,
-                      {"key 1", "device -3"});
+  dtest::expect_error(
+      [&] {
+        kv.push(1, {good.cspan(), short_buf.cspan()});
+      },
+      errc::size_mismatch, {"key 1"});
+  dtest::expect_error(
+      [&] {
+        kv.push(1, device_span<const float>{good.data(), 4, 99});
+      },
+      errc::invalid_argument, {"key 1", "device 99", "not one of the store's devices"});
+  dtest::expect_error(
+      [&] {
+        kv.pull(1, device_span<float>{good.data(), 4, -3});
+      },
+      errc::invalid_argument, {"key 1", "device -3"});
   if (dtest::devices().size() > 1) {
     // Memory of device 1 stated as device 0's.
     auto other = on(dev(1), std::vector<float>{9, 9, 9, 9});
-    dtest::expect_error([&] { kv.push(1, device_span<const float>{other.data(), 4, dev(0)}); },
-                        errc::invalid_argument, {"key 1", "on device " + std::to_string(dev(1))});
+    dtest::expect_error(
+        [&] {
+          kv.push(1, device_span<const float>{other.data(), 4, dev(0)});
+        },
+        errc::invalid_argument, {"key 1", "on device " + std::to_string(dev(1))});
   }
   if (dtest::cuda) {
     std::vector<float> host(4);
-    dtest::expect_error([&] { kv.push(1, device_span<const float>{host.data(), 4, dev(0)}); },
-                        errc::invalid_argument, {"key 1", "host memory"});
+    dtest::expect_error(
+        [&] {
+          kv.push(1, device_span<const float>{host.data(), 4, dev(0)});
+        },
+        errc::invalid_argument, {"key 1", "host memory"});
   }
   const std::vector<std::int64_t> bad_rows{0, 2};
   const std::vector<float> rv(4, 1.f);
-  dtest::expect_error([&] { kv.push_rows("m", bad_rows, std::span<const float>(rv)); }, errc::row_out_of_range,
-                      {"\"m\"", "row 2"});
+  dtest::expect_error([&] { kv.push_rows("m", bad_rows, std::span<const float>(rv)); },
+                      errc::row_out_of_range, {"\"m\"", "row 2"});
   const std::vector<std::int64_t> neg{-1};
   std::vector<float> two(2);
   dtest::expect_error([&] { kv.pull_rows("m", neg, std::span<float>(two)); },
                       errc::row_out_of_range, {"row -1"});
   const std::vector<std::int64_t> ok_rows{0};
-  dtest::expect_error([&] { kv.push_rows(1, ok_rows, std::span<const float>(rv)); }, errc::not_a_matrix, {"key 1"});
-  dtest::expect_error([&] { kv.push_rows("m", ok_rows, std::span<const float>(rv)); }, errc::invalid_argument,
-                      {"\"m\"", "1 rows of 2"});
-  dtest::expect_error([&] { kv.init(5, std::span<const float>(v), 3); }, errc::size_mismatch, {"key 5", "multiple"});
-  dtest::expect_error([&] { kv.init(5, std::span<const float>(v), 0); }, errc::invalid_argument, {"row_length"});
+  dtest::expect_error([&] { kv.push_rows(1, ok_rows, std::span<const float>(rv)); },
+                      errc::not_a_matrix, {"key 1"});
+  dtest::expect_error([&] { kv.push_rows("m", ok_rows, std::span<const float>(rv)); },
+                      errc::invalid_argument, {"\"m\"", "1 rows of 2"});
+  dtest::expect_error([&] { kv.init(5, std::span<const float>(v), 3); }, errc::size_mismatch,
+                      {"key 5", "multiple"});
+  dtest::expect_error([&] { kv.init(5, std::span<const float>(v), 0); }, errc::invalid_argument,
+                      {"row_length"});
   const std::vector<key> ks{1, 2};
   const std::vector<device_span<const float>> vs{good.cspan(), good.cspan()};
-  dtest::expect_error([&] { kv.push(std::span<const key>(ks), std::span<const device_span<const float>>(vs)); },
-                      errc::unknown_key, {"key 2"});  // and key 1 is not pushed either
+  dtest::expect_error(
+      [&] { kv.push(std::span<const key>(ks), std::span<const device_span<const float>>(vs)); },
+      errc::unknown_key, {"key 2"});  // and key 1 is not pushed either
   // Nothing changed.
   CHECK(host_pull(kv, 1, 4) == v);
   CHECK(host_pull(kv, "m", 4) == v);
   dtest::expect_error([&] { (void)host_pull(kv, 5, 4); }, errc::unknown_key, {"key 5"});
 }
 
-TEST_CASE("ops on one key take effect in issue order, across priorities and streams" * doctest::timeout(60)) {
+TEST_CASE("ops on one key take effect in issue order, across priorities and streams" *
+          doctest::timeout(60)) {
   dstore kv(opts());
   const std::size_t n = 1 << 12;
   kv.init(1, std::span<const float>(std::vector<float>(n, 0.f)));
   std::vector<device_buffer<float>> vals;
-  for (int i = 0; i < 8; ++i) vals.push_back(on(dev(1), std::vector<float>(n, static_cast<float>(i))));
+  for (int i = 0; i < 8; ++i)
+    vals.push_back(on(dev(1), std::vector<float>(n, static_cast<float>(i))));
   std::vector<std::vector<float>> outs(8, std::vector<float>(n, -1.f));
   for (int i = 0; i < 8; ++i) {
     kv.push(1, vals[static_cast<std::size_t>(i)].cspan(), i % 2 ? 5 : 0);
     kv.pull(1, std::span<float>(outs[static_cast<std::size_t>(i)]), i % 3 ? 0 : 7);
   }
   kv.wait(1);
-  for (int i = 0; i < 8; ++i) CHECK(outs[static_cast<std::size_t>(i)] == std::vector<float>(n, static_cast<float>(i)));
+  for (int i = 0; i < 8; ++i)
+    CHECK(outs[static_cast<std::size_t>(i)] == std::vector<float>(n, static_cast<float>(i)));
   // wait_all after ops on several keys; a stream_wait of a consumer stream returns.
   kv.init(2, std::span<const float>(std::vector<float>(n, 0.f)));
   auto op1 = kv.push(2, vals[3].cspan());

@@ -15,7 +15,8 @@
 namespace {
 
 int fail_value(int rank, const std::string& what, double got, double want) {
-  std::printf("dist_smoke rank %d: wrong value: %s is %g, expected %g\n", rank, what.c_str(), got, want);
+  std::printf("dist_smoke rank %d: wrong value: %s is %g, expected %g\n", rank, what.c_str(), got,
+              want);
   return 1;
 }
 
@@ -25,8 +26,10 @@ int main(int argc, char** argv) {
   bool wrong = false, hold = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--wrong") wrong = true;
-    else if (a == "--hold") hold = true;
+    if (a == "--wrong")
+      wrong = true;
+    else if (a == "--hold")
+      hold = true;
     else {
       std::fprintf(stderr, "usage: dist_smoke [--wrong] [--hold]\n");
       return 2;
@@ -71,7 +74,8 @@ int main(int argc, char** argv) {
       for (int k = 0; k < w; ++k) count += (k % 4 == row);
       for (int j = 0; j < 3; ++j)
         if (rows[static_cast<std::size_t>(row * 3 + j)] != static_cast<float>(count))
-          return fail_value(rank, "row " + std::to_string(row), rows[static_cast<std::size_t>(row * 3 + j)], count);
+          return fail_value(rank, "row " + std::to_string(row),
+                            rows[static_cast<std::size_t>(row * 3 + j)], count);
     }
     kv.barrier();
     std::printf("dist_smoke rank %d ok\n", rank);

@@ -122,12 +122,15 @@ TEST_CASE("three workers, one server: the sums follow the worker count" * doctes
   INFO("output:\n" << out);
   CHECK(code == 0);
   for (int r = 0; r < 3; ++r)
-    CHECK(count_of(out, "[worker " + std::to_string(r) + "] dist_smoke rank " + std::to_string(r) + " ok") == 1);
+    CHECK(count_of(out, "[worker " + std::to_string(r) + "] dist_smoke rank " + std::to_string(r) +
+                            " ok") == 1);
 }
 
-TEST_CASE("a worker that sees a wrong value fails the job with its exit code" * doctest::timeout(60)) {
+TEST_CASE("a worker that sees a wrong value fails the job with its exit code" *
+          doctest::timeout(60)) {
   temp_dir dir;
-  launch l(dir, {"-w", "2", "-s", "2", "--grace", "5", "--timeout", "60", "--", DIST_SMOKE_PATH, "--wrong"});
+  launch l(dir, {"-w", "2", "-s", "2", "--grace", "5", "--timeout", "60", "--", DIST_SMOKE_PATH,
+                 "--wrong"});
   const int code = l.wait();
   const auto out = l.output();
   INFO("output:\n" << out);
@@ -139,7 +142,8 @@ TEST_CASE("a worker that sees a wrong value fails the job with its exit code" * 
 TEST_CASE("kill -9 of a server process: the workers fail with an error naming it, not a hang" *
           doctest::timeout(60)) {
   temp_dir dir;
-  launch l(dir, {"-w", "2", "-s", "2", "--grace", "5", "--timeout", "50", "--", DIST_SMOKE_PATH, "--hold"});
+  launch l(dir, {"-w", "2", "-s", "2", "--grace", "5", "--timeout", "50", "--", DIST_SMOKE_PATH,
+                 "--hold"});
   REQUIRE_MESSAGE(l.wait_for("holding", 2, std::chrono::seconds(30)), l.output());
   auto servers = children_matching(l.pid(), {std::string("--role\0server\0", 13)});
   REQUIRE(servers.size() == 2);
@@ -161,11 +165,14 @@ TEST_CASE("kill -9 of a server process: the workers fail with an error naming it
   CHECK(count_of(out, "held 60 s") == 0);
 }
 
-TEST_CASE("kill -9 of a worker process: the other worker's sync push fails naming it" * doctest::timeout(60)) {
+TEST_CASE("kill -9 of a worker process: the other worker's sync push fails naming it" *
+          doctest::timeout(60)) {
   temp_dir dir;
   // By default a dead worker leaves the sync group; with "fail" the others' rounds fail naming it.
-  launch l(dir, {"-w", "2", "-s", "1", "--grace", "5", "--timeout", "50", "--", DIST_SMOKE_PATH, "--hold"},
-           {"KVSTORE_ON_WORKER_DEATH=fail"});
+  launch l(
+      dir,
+      {"-w", "2", "-s", "1", "--grace", "5", "--timeout", "50", "--", DIST_SMOKE_PATH, "--hold"},
+      {"KVSTORE_ON_WORKER_DEATH=fail"});
   REQUIRE_MESSAGE(l.wait_for("holding", 2, std::chrono::seconds(30)), l.output());
   auto workers = children_matching(l.pid(), {"dist_smoke", "--hold"});
   REQUIRE(workers.size() == 2);
@@ -183,6 +190,7 @@ TEST_CASE("kill -9 of a worker process: the other worker's sync push fails namin
   CHECK(code != 0);
   CHECK(code != 124);
   CHECK(took < 20);
-  CHECK(count_of(out, survivor + " dist_smoke rank " + (rank0 ? "1" : "0") + ": error while holding") == 1);
+  CHECK(count_of(out, survivor + " dist_smoke rank " + (rank0 ? "1" : "0") +
+                          ": error while holding") == 1);
   CHECK(count_of(out, victim) >= 1);
 }

@@ -76,10 +76,9 @@ proc spawn(const std::string& name, std::vector<std::string> argv, std::vector<s
 }
 
 // The environment of a job's scheduler, servers or workers.
-std::vector<std::string> job_env(const std::string& role, const std::string& sched, int workers, int servers,
-                                 std::vector<std::string> more = {}) {
-  std::vector<std::string> e = {"KVSTORE_ROLE=" + role,
-                                "KVSTORE_SCHEDULER=" + sched,
+std::vector<std::string> job_env(const std::string& role, const std::string& sched, int workers,
+                                 int servers, std::vector<std::string> more = {}) {
+  std::vector<std::string> e = {"KVSTORE_ROLE=" + role, "KVSTORE_SCHEDULER=" + sched,
                                 "KVSTORE_NUM_WORKERS=" + std::to_string(workers),
                                 "KVSTORE_NUM_SERVERS=" + std::to_string(servers),
                                 "KVSTORE_CONNECT_TIMEOUT_MS=30000"};
@@ -95,17 +94,20 @@ struct process_job {
   int workers, servers;
   proc scheduler;
   std::vector<proc> server;
-  process_job(int w, int s, const std::vector<std::string>& sched_env, const std::vector<std::string>& server_env)
+  process_job(int w, int s, const std::vector<std::string>& sched_env,
+              const std::vector<std::string>& server_env)
       : workers(w), servers(s) {
-    scheduler = spawn("scheduler", {KV_SERVER_PATH, "--role", "scheduler", "--port", std::to_string(port)},
-                      job_env("scheduler", sched_addr, w, s, sched_env), dir / "scheduler.log");
+    scheduler =
+        spawn("scheduler", {KV_SERVER_PATH, "--role", "scheduler", "--port", std::to_string(port)},
+              job_env("scheduler", sched_addr, w, s, sched_env), dir / "scheduler.log");
     for (int i = 0; i < s; ++i) start_server(i, server_env);
   }
   void start_server(int rank, std::vector<std::string> env) {
     env.push_back("KVSTORE_RANK=" + std::to_string(rank));
-    auto p = spawn("server " + std::to_string(rank), {KV_SERVER_PATH, "--role", "server"},
-                   job_env("server", sched_addr, workers, servers, env),
-                   dir / ("server" + std::to_string(rank) + "-" + std::to_string(starts_++) + ".log"));
+    auto p =
+        spawn("server " + std::to_string(rank), {KV_SERVER_PATH, "--role", "server"},
+              job_env("server", sched_addr, workers, servers, env),
+              dir / ("server" + std::to_string(rank) + "-" + std::to_string(starts_++) + ".log"));
     if (static_cast<std::size_t>(rank) < server.size())
       server[static_cast<std::size_t>(rank)] = std::move(p);
     else
@@ -136,7 +138,9 @@ std::string error_of(F&& f) {
   return "";
 }
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // Runs f on `n` threads (index as argument); rethrows the first exception after all joined.
 template <class F>
@@ -172,7 +176,8 @@ void death_job_setup(KVStore<dist>& kv) {
   kv.set_optimizer(kvstore::optim::sgd{.learning_rate = -1.0});
 }
 void death_job_round(KVStore<dist>& kv, int r, std::vector<float>& b, std::vector<float>& s) {
-  const std::vector<float> gb(big_n, static_cast<float>(kv.rank() + 1)), gs(small_n, static_cast<float>(kv.rank() + 1));
+  const std::vector<float> gb(big_n, static_cast<float>(kv.rank() + 1)),
+      gs(small_n, static_cast<float>(kv.rank() + 1));
   auto p1 = kv.push("big", gb);
   auto p2 = kv.push("small", gs);
   p1.wait();
@@ -181,9 +186,12 @@ void death_job_round(KVStore<dist>& kv, int r, std::vector<float>& b, std::vecto
   kv.pull("small", s).wait();
   const float want = after_round(r);
   for (float x : b)
-    if (x != want) throw std::runtime_error("round " + std::to_string(r) + ": big has " + std::to_string(x) + ", want " + std::to_string(want));
+    if (x != want)
+      throw std::runtime_error("round " + std::to_string(r) + ": big has " + std::to_string(x) +
+                               ", want " + std::to_string(want));
   for (float x : s)
-    if (x != want) throw std::runtime_error("round " + std::to_string(r) + ": small has " + std::to_string(x));
+    if (x != want)
+      throw std::runtime_error("round " + std::to_string(r) + ": small has " + std::to_string(x));
 }
 
 // Child mode: worker rank 2 from the environment; child_rounds rounds, "ready", then sleeps.
@@ -213,7 +221,8 @@ int child_net_worker(const std::string& gate) {
     auto* kv = new KVStore<dist>(o);  // the link dies under it: it is not closed gracefully
     std::vector<std::string> keys = {"a", "b", "c", "d"};
     const std::vector<std::size_t> sizes = {1000, 20'000, 3000, 64};
-    for (std::size_t i = 0; i < keys.size(); ++i) kv->init(keys[i], std::vector<float>(sizes[i], 0.f));
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      kv->init(keys[i], std::vector<float>(sizes[i], 0.f));
     kv->set_optimizer(kvstore::optim::sgd{.learning_rate = -1.0});
     const int rounds = 40;
     const auto t0 = clk::now();
@@ -231,11 +240,13 @@ int child_net_worker(const std::string& gate) {
       for (std::size_t i = 0; i < keys.size(); ++i)
         for (float x : out[i])
           if (x != static_cast<float>((i + 1) * static_cast<std::size_t>(r + 1)))
-            throw std::runtime_error("round " + std::to_string(r) + " key " + keys[i] + ": " + std::to_string(x));
+            throw std::runtime_error("round " + std::to_string(r) + " key " + keys[i] + ": " +
+                                     std::to_string(x));
     }
     std::printf("trained %d rounds exactly in %.2f s\n", rounds, since(t0));
     std::fflush(stdout);
-    if (!wait_until([&] { return std::filesystem::exists(gate); }, 60s)) throw std::runtime_error("no gate");
+    if (!wait_until([&] { return std::filesystem::exists(gate); }, 60s))
+      throw std::runtime_error("no gate");
     std::vector<float> x(sizes[0]);
     const auto t1 = clk::now();
     std::string err = error_of([&] { kv->pull(keys[0], x).wait(); });
@@ -252,8 +263,10 @@ int child_net_worker(const std::string& gate) {
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
-TEST_CASE("a server paused with SIGSTOP: requests fail by their deadline naming it; after SIGCONT they succeed" *
-          doctest::timeout(90)) {
+TEST_CASE(
+    "a server paused with SIGSTOP: requests fail by their deadline naming it; after SIGCONT they "
+    "succeed" *
+    doctest::timeout(90)) {
   // The scheduler declares the paused server dead after 1.5 s of silence (its own options, from
   // the environment); the worker's requests have a 2 s deadline.
   process_job job(1, 1, {"KVSTORE_HEARTBEAT_MS=100", "KVSTORE_DEAD_TIMEOUT_MS=1500"},
@@ -299,8 +312,10 @@ TEST_CASE("a server paused with SIGSTOP: requests fail by their deadline naming 
   CHECK(job.scheduler.wait_exit(15s) == 0);
 }
 
-TEST_CASE("the scheduler killed mid-training: push/pull go on, barrier and num_dead_node report it, servers end" *
-          doctest::timeout(90)) {
+TEST_CASE(
+    "the scheduler killed mid-training: push/pull go on, barrier and num_dead_node report it, "
+    "servers end" *
+    doctest::timeout(90)) {
   process_job job(2, 2, {"KVSTORE_HEARTBEAT_MS=100"}, {"KVSTORE_HEARTBEAT_MS=100"});
   std::latch trained(2), killed(1);
   std::atomic<bool> killed_flag{false};
@@ -330,8 +345,10 @@ TEST_CASE("the scheduler killed mid-training: push/pull go on, barrier and num_d
         kv.push_rows("rows", rows, rg).wait();
         kv.pull("x", out).wait();
         kv.pull_rows("rows", rows, rout).wait();
-        REQUIRE(std::all_of(out.begin(), out.end(), [&](float v) { return v == 3.f * static_cast<float>(r + 1); }));
-        REQUIRE(std::all_of(rout.begin(), rout.end(), [&](float v) { return v == 2.f * static_cast<float>(r + 1); }));
+        REQUIRE(std::all_of(out.begin(), out.end(),
+                            [&](float v) { return v == 3.f * static_cast<float>(r + 1); }));
+        REQUIRE(std::all_of(rout.begin(), rout.end(),
+                            [&](float v) { return v == 2.f * static_cast<float>(r + 1); }));
       };
       int r = 0;
       for (; r < 5; ++r) round(r);
@@ -361,15 +378,20 @@ void worker_death_case(bool leave) {
   const std::string mode = std::string("KVSTORE_ON_WORKER_DEATH=") + (leave ? "leave" : "fail");
   process_job job(3, 2, {"KVSTORE_HEARTBEAT_MS=100", "KVSTORE_DEAD_TIMEOUT_MS=3000", mode},
                   {"KVSTORE_HEARTBEAT_MS=100", mode});
-  proc child = spawn("worker 2", {self_exe, "--fault-child", "death"},
-                     job_env("worker", job.sched_addr, 3, 2, {"KVSTORE_RANK=2", mode, "KVSTORE_HEARTBEAT_MS=100"}),
-                     job.dir / "worker2.log");
+  proc child = spawn(
+      "worker 2", {self_exe, "--fault-child", "death"},
+      job_env("worker", job.sched_addr, 3, 2, {"KVSTORE_RANK=2", mode, "KVSTORE_HEARTBEAT_MS=100"}),
+      job.dir / "worker2.log");
   std::atomic<int> at_round[2] = {0, 0};
   std::atomic<bool> stop{false};
   std::thread killer([&] {
     // Mid-round: the child did its rounds and sleeps; both survivors' next pushes are waiting.
-    const bool ready = wait_until([&] { return stop || (has(child.output(), "ready\n") && at_round[0] > child_rounds &&
-                                                        at_round[1] > child_rounds); }, 60s);
+    const bool ready = wait_until(
+        [&] {
+          return stop || (has(child.output(), "ready\n") && at_round[0] > child_rounds &&
+                          at_round[1] > child_rounds);
+        },
+        60s);
     if (!ready || stop) return;
     std::this_thread::sleep_for(300ms);
     ::kill(child.pid(), SIGKILL);
@@ -412,13 +434,16 @@ void worker_death_case(bool leave) {
 }
 }  // namespace
 
-TEST_CASE("a worker SIGKILLed mid-round with on_worker_death=leave: the survivors' rounds complete exactly" *
-          doctest::timeout(90)) {
+TEST_CASE(
+    "a worker SIGKILLed mid-round with on_worker_death=leave: the survivors' rounds complete "
+    "exactly" *
+    doctest::timeout(90)) {
   worker_death_case(true);
 }
 
-TEST_CASE("a worker SIGKILLed mid-round with KVSTORE_ON_WORKER_DEATH=fail: node_dead errors naming it" *
-          doctest::timeout(90)) {
+TEST_CASE(
+    "a worker SIGKILLed mid-round with KVSTORE_ON_WORKER_DEATH=fail: node_dead errors naming it" *
+    doctest::timeout(90)) {
   worker_death_case(false);
 }
 
@@ -444,7 +469,8 @@ struct mnist_run {
 // train_mnist with 2 workers and 2 servers (processes); with kill_at >= 0, server 1 is SIGKILLed
 // kill_at seconds into training and restarted with the same rank and checkpoint directory.
 mnist_run run_mnist(double kill_at) {
-  const std::vector<std::string> server_env = {"KVSTORE_HEARTBEAT_MS=200", "KVSTORE_CHECKPOINT_ROUNDS=1"};
+  const std::vector<std::string> server_env = {"KVSTORE_HEARTBEAT_MS=200",
+                                               "KVSTORE_CHECKPOINT_ROUNDS=1"};
   process_job job(2, 2, {"KVSTORE_HEARTBEAT_MS=200"}, {});
   const std::string ckpt = "KVSTORE_CHECKPOINT_DIR=" + job.dir / "ckpt";
   auto senv = server_env;
@@ -453,16 +479,18 @@ mnist_run run_mnist(double kill_at) {
   for (int s = 0; s < 2; ++s) job.start_server(s, senv);
   std::vector<proc> workers;
   for (int w = 0; w < 2; ++w)
-    workers.push_back(spawn("worker " + std::to_string(w),
-                            {TRAIN_MNIST_PATH, "--limit", "12000", "--epochs", "2", "--threads", "1"},
-                            job_env("worker", job.sched_addr, 2, 2,
-                                    {"KVSTORE_RANK=" + std::to_string(w), "KVSTORE_HEARTBEAT_MS=200",
-                                     "KVSTORE_SERVER_RESTART_WAIT_MS=30000", "KVSTORE_REQUEST_TIMEOUT_MS=60000"}),
-                            job.dir / ("worker" + std::to_string(w) + ".log")));
+    workers.push_back(
+        spawn("worker " + std::to_string(w),
+              {TRAIN_MNIST_PATH, "--limit", "12000", "--epochs", "2", "--threads", "1"},
+              job_env("worker", job.sched_addr, 2, 2,
+                      {"KVSTORE_RANK=" + std::to_string(w), "KVSTORE_HEARTBEAT_MS=200",
+                       "KVSTORE_SERVER_RESTART_WAIT_MS=30000", "KVSTORE_REQUEST_TIMEOUT_MS=60000"}),
+              job.dir / ("worker" + std::to_string(w) + ".log")));
   mnist_run res;
   if (kill_at >= 0) {
-    REQUIRE_MESSAGE(wait_until([&] { return has(workers[0].output(), "train_mnist: dist_sync"); }, 60s),
-                    workers[0].output());
+    REQUIRE_MESSAGE(
+        wait_until([&] { return has(workers[0].output(), "train_mnist: dist_sync"); }, 60s),
+        workers[0].output());
     std::this_thread::sleep_for(std::chrono::duration<double>(kill_at));
     ::kill(job.server[1].pid(), SIGKILL);
     CHECK(job.server[1].wait_exit(5s) == 128 + SIGKILL);
@@ -497,8 +525,8 @@ TEST_CASE("train_mnist survives a server SIGKILLed mid-training and restarted fr
   REQUIRE(plain.accuracy > 0.7);
   const auto t1 = clk::now();
   const mnist_run hit = run_mnist(std::max(0.5, plain.seconds * 0.4));
-  MESSAGE("server killed and restarted: accuracy " << hit.accuracy << ", " << hit.seconds
-                                                   << " s of training, " << since(t1) << " s in all");
+  MESSAGE("server killed and restarted: accuracy "
+          << hit.accuracy << ", " << hit.seconds << " s of training, " << since(t1) << " s in all");
   CHECK(hit.accuracy > 0.7);
   CHECK(std::abs(hit.accuracy - plain.accuracy) <= 0.015);
 }
@@ -554,7 +582,8 @@ struct netns_pair {
       return;
     }
     ok = in(a, {ip, "link", "add", va, "type", "veth", "peer", "name", vb, "netns", b}) &&
-         in(a, {ip, "addr", "add", addr_a + "/24", "dev", va}) && in(b, {ip, "addr", "add", addr_b + "/24", "dev", vb}) &&
+         in(a, {ip, "addr", "add", addr_a + "/24", "dev", va}) &&
+         in(b, {ip, "addr", "add", addr_b + "/24", "dev", vb}) &&
          in(a, {ip, "link", "set", va, "up"}) && in(b, {ip, "link", "set", vb, "up"}) &&
          in(a, {ip, "link", "set", "lo", "up"}) && in(b, {ip, "link", "set", "lo", "up"});
     if (!ok) why = "cannot make a veth pair between the namespaces";
@@ -570,8 +599,9 @@ struct netns_pair {
   // Both directions: 50 ms delay and 5% loss with netem; without netem in the kernel, a rate
   // limit (tbf) that queues and 5% random drops (nftables numgen).
   bool impair() {
-    netem = in(a, {tc, "qdisc", "add", "dev", va, "root", "netem", "delay", "50ms", "loss", "5%"}) &&
-            in(b, {tc, "qdisc", "add", "dev", vb, "root", "netem", "delay", "50ms", "loss", "5%"});
+    netem =
+        in(a, {tc, "qdisc", "add", "dev", va, "root", "netem", "delay", "50ms", "loss", "5%"}) &&
+        in(b, {tc, "qdisc", "add", "dev", vb, "root", "netem", "delay", "50ms", "loss", "5%"});
     if (netem) return true;
     if (nft.empty()) {
       why = "the kernel has no netem and nft (nftables) is not installed";
@@ -579,10 +609,13 @@ struct netns_pair {
     }
     for (auto* ns : {&a, &b}) {
       const std::string dev = ns == &a ? va : vb;
-      if (!in(*ns, {tc, "qdisc", "add", "dev", dev, "root", "tbf", "rate", "20mbit", "burst", "16kb", "latency", "50ms"}) ||
+      if (!in(*ns, {tc, "qdisc", "add", "dev", dev, "root", "tbf", "rate", "20mbit", "burst",
+                    "16kb", "latency", "50ms"}) ||
           !in(*ns, {nft, "add", "table", "inet", "kvf"}) ||
-          !in(*ns, {nft, "add", "chain", "inet", "kvf", "out", "{ type filter hook output priority 0 ; }"}) ||
-          !in(*ns, {nft, "add", "rule", "inet", "kvf", "out", "oifname", dev, "numgen", "random", "mod", "100", "<", "5", "counter", "drop"})) {
+          !in(*ns, {nft, "add", "chain", "inet", "kvf", "out",
+                    "{ type filter hook output priority 0 ; }"}) ||
+          !in(*ns, {nft, "add", "rule", "inet", "kvf", "out", "oifname", dev, "numgen", "random",
+                    "mod", "100", "<", "5", "counter", "drop"})) {
         why = "cannot impair the link with tc tbf and nft";
         return false;
       }
@@ -596,7 +629,8 @@ struct netns_pair {
     for (auto* ns : {&a, &b}) {
       const std::string out = log + ".nft";
       std::filesystem::remove(out);
-      if (!run_cmd({ip, "netns", "exec", *ns, nft, "list", "chain", "inet", "kvf", "out"}, out)) return -1;
+      if (!run_cmd({ip, "netns", "exec", *ns, nft, "list", "chain", "inet", "kvf", "out"}, out))
+        return -1;
       const std::string text = read_file(out);
       auto at = text.find("counter packets ");
       if (at != std::string::npos) n += std::atol(text.c_str() + at + 16);
@@ -614,8 +648,10 @@ struct netns_pair {
 };
 }  // namespace
 
-TEST_CASE("a delayed, lossy link between namespaces: exact training; a dead link fails by the deadline naming the server" *
-          doctest::timeout(150)) {
+TEST_CASE(
+    "a delayed, lossy link between namespaces: exact training; a dead link fails by the deadline "
+    "naming the server" *
+    doctest::timeout(150)) {
   kvtest::temp_dir dir{"kvstore-faults"};
   netns_pair net(dir / "net.log");
   if (!net.ok) {
@@ -626,25 +662,32 @@ TEST_CASE("a delayed, lossy link between namespaces: exact training; a dead link
     MESSAGE("skipped: " << net.why << "\n" << read_file(net.log));
     return;
   }
-  MESSAGE("namespaces " << net.a << " (" << net.addr_a << ") and " << net.b << " (" << net.addr_b << "): "
-                        << std::string(net.netem ? "netem delay 50ms loss 5% each way"
-                                                 : "no netem in this kernel: tbf 20mbit (queueing delay) + nft 5% "
-                                                   "random drops each way"));
+  MESSAGE("namespaces "
+          << net.a << " (" << net.addr_a << ") and " << net.b << " (" << net.addr_b << "): "
+          << std::string(net.netem
+                             ? "netem delay 50ms loss 5% each way"
+                             : "no netem in this kernel: tbf 20mbit (queueing delay) + nft 5% "
+                               "random drops each way"));
   const std::string sched = net.addr_a + ":9191";
   const std::vector<std::string> common = {"KVSTORE_BIND=" + net.addr_a, "KVSTORE_HEARTBEAT_MS=200",
                                            "KVSTORE_DEAD_TIMEOUT_MS=60000"};
-  proc scheduler = spawn("scheduler", {net.ip, "netns", "exec", net.a, KV_SERVER_PATH, "--role", "scheduler", "--port", "9191"},
-                         job_env("scheduler", sched, 1, 1, common), dir / "scheduler.log");
+  proc scheduler = spawn(
+      "scheduler",
+      {net.ip, "netns", "exec", net.a, KV_SERVER_PATH, "--role", "scheduler", "--port", "9191"},
+      job_env("scheduler", sched, 1, 1, common), dir / "scheduler.log");
   auto senv = common;
   senv.push_back("KVSTORE_RANK=0");
-  proc server = spawn("server", {net.ip, "netns", "exec", net.a, KV_SERVER_PATH, "--role", "server"},
-                      job_env("server", sched, 1, 1, senv), dir / "server.log");
+  proc server =
+      spawn("server", {net.ip, "netns", "exec", net.a, KV_SERVER_PATH, "--role", "server"},
+            job_env("server", sched, 1, 1, senv), dir / "server.log");
   const std::string gate = dir / "cut";
-  proc worker = spawn("worker", {net.ip, "netns", "exec", net.b, self_exe, "--fault-child", "net", gate},
-                      job_env("worker", sched, 1, 1, {"KVSTORE_RANK=0", "KVSTORE_HEARTBEAT_MS=200",
-                                                      "KVSTORE_REQUEST_TIMEOUT_MS=8000"}),
-                      dir / "worker.log");
-  const bool trained = wait_until([&] { return has(worker.output(), "trained") || has(worker.output(), "failed"); }, 100s);
+  proc worker = spawn(
+      "worker", {net.ip, "netns", "exec", net.b, self_exe, "--fault-child", "net", gate},
+      job_env("worker", sched, 1, 1,
+              {"KVSTORE_RANK=0", "KVSTORE_HEARTBEAT_MS=200", "KVSTORE_REQUEST_TIMEOUT_MS=8000"}),
+      dir / "worker.log");
+  const bool trained = wait_until(
+      [&] { return has(worker.output(), "trained") || has(worker.output(), "failed"); }, 100s);
   const std::string tlog = worker.output();
   REQUIRE_MESSAGE(trained, (tlog + scheduler.output() + server.output()));
   REQUIRE_MESSAGE(has(tlog, "exactly"), (tlog + scheduler.output() + server.output()));
@@ -663,7 +706,8 @@ TEST_CASE("a delayed, lossy link between namespaces: exact training; a dead link
   CHECK(has(out, "within 8000 ms"));
 }
 
-// ---- garbage clients throughout training ---------------------------------------------------------
+// ---- garbage clients throughout training
+// ---------------------------------------------------------
 namespace {
 // Opens a TCP connection to 127.0.0.1:port (-1 on failure).
 int connect_to(std::uint16_t port) {
@@ -678,10 +722,13 @@ int connect_to(std::uint16_t port) {
   }
   return fd;
 }
-void send_all(int fd, const void* p, std::size_t n) { (void)::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT); }
+void send_all(int fd, const void* p, std::size_t n) {
+  (void)::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
 }  // namespace
 
-TEST_CASE("garbage clients connecting throughout training: the values stay exact" * doctest::timeout(120)) {
+TEST_CASE("garbage clients connecting throughout training: the values stay exact" *
+          doctest::timeout(120)) {
   auto o = kvtest::test_options(2, 2);
   o.handshake_timeout = 1000ms;
   o.max_frame_bytes = std::size_t{64} << 20;
@@ -689,11 +736,17 @@ TEST_CASE("garbage clients connecting throughout training: the values stay exact
   std::atomic<bool> done{false};
   std::atomic<int> started{0};
   long tried[7] = {};
-  const char* kinds[7] = {"random bytes", "bad magic", "huge length", "silent (held open)", "connect+close",
-                          "half a header (held open)", "frame before the handshake"};
+  const char* kinds[7] = {"random bytes",
+                          "bad magic",
+                          "huge length",
+                          "silent (held open)",
+                          "connect+close",
+                          "half a header (held open)",
+                          "frame before the handshake"};
   std::thread attacker([&] {
     while (started < 2 && !done) std::this_thread::sleep_for(1ms);
-    const std::vector<std::uint16_t> ports{c.server(0).port(), c.server(1).port(), c.options().scheduler_port};
+    const std::vector<std::uint16_t> ports{c.server(0).port(), c.server(1).port(),
+                                           c.options().scheduler_port};
     std::mt19937 rng(7);
     std::vector<int> held;
     while (!done) {
@@ -720,10 +773,16 @@ TEST_CASE("garbage clients connecting throughout training: the values stay exact
           kvstore::wire::detail::put64(b.data() + 16, std::uint64_t{1} << (40 + rng() % 20));
           send_all(fd, b.data(), b.size());
           break;
-        case 3: break;
-        case 4: break;
-        case 5: send_all(fd, b.data(), 10); break;
-        case 6: send_all(fd, b.data(), b.size()); break;
+        case 3:
+          break;
+        case 4:
+          break;
+        case 5:
+          send_all(fd, b.data(), 10);
+          break;
+        case 6:
+          send_all(fd, b.data(), b.size());
+          break;
       }
       if (kind == 3 || kind == 5) {
         held.push_back(fd);
@@ -767,7 +826,8 @@ TEST_CASE("garbage clients connecting throughout training: the values stay exact
       REQUIRE(rout[0] == k);      // own row
       REQUIRE(rout[4] == 2 * k);  // row 49: both workers
     }
-    REQUIRE(std::all_of(out.begin(), out.end(), [&](float x) { return x == 3.f * static_cast<float>(rounds); }));
+    REQUIRE(std::all_of(out.begin(), out.end(),
+                        [&](float x) { return x == 3.f * static_cast<float>(rounds); }));
   });
   done = true;
   attacker.join();
@@ -777,7 +837,8 @@ TEST_CASE("garbage clients connecting throughout training: the values stay exact
     total += tried[k];
     os << "  " << kinds[k] << ": " << tried[k] << "\n";
   }
-  MESSAGE(total << " bad connections during " << rounds << " exact rounds of 2 workers (" << since(t0) << " s):\n"
+  MESSAGE(total << " bad connections during " << rounds << " exact rounds of 2 workers ("
+                << since(t0) << " s):\n"
                 << os.str());
   CHECK(total >= 100);
 }

@@ -83,7 +83,8 @@ TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is l
   });
 
   constexpr int rounds = 120;
-  kvtest::join_on_exit<int> join_killer{killer, round, 1 << 20};  // lets the killer go if the worker failed early
+  kvtest::join_on_exit<int> join_killer{killer, round,
+                                        1 << 20};  // lets the killer go if the worker failed early
   {
     auto w = o;
     w.rank_hint = 0;
@@ -112,8 +113,10 @@ TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is l
   CHECK(std::filesystem::exists(kvstore::detail::snapshot_path(dir.path(), 0)));
 }
 
-TEST_CASE("dist_async: a push half applied when its server dies is applied exactly once after the restart" *
-          doctest::timeout(120)) {
+TEST_CASE(
+    "dist_async: a push half applied when its server dies is applied exactly once after the "
+    "restart" *
+    doctest::timeout(120)) {
   // Each round pushes 4 MiB in 16 KiB frames and, at a higher priority, a small key that
   // overtakes it on the wire. The small push completes while the big one is half applied, and
   // the snapshot it asks for (one per push) holds the big key half applied. The server is
@@ -185,8 +188,9 @@ TEST_CASE("dist_async: a push half applied when its server dies is applied exact
       if (out[i] != static_cast<float>(rounds)) {
         if (!wrong++) first_wrong = i;
       }
-    CHECK_MESSAGE(wrong == 0, wrong, " of ", n, " elements of the big key are not ", rounds, " (the first at ",
-                  first_wrong, ": ", first_wrong < n ? out[first_wrong] : 0.f, "; last: ", out[n - 1], ")");
+    CHECK_MESSAGE(wrong == 0, wrong, " of ", n, " elements of the big key are not ", rounds,
+                  " (the first at ", first_wrong, ": ", first_wrong < n ? out[first_wrong] : 0.f,
+                  "; last: ", out[n - 1], ")");
     for (float x : outs) REQUIRE(x == static_cast<float>(rounds));
   }
   if (killer.joinable()) killer.join();
@@ -213,13 +217,17 @@ TEST_CASE("a corrupt or truncated snapshot is refused with a clear error" * doct
 
   const std::string bytes = kvtest::read_file(path);
   for (std::size_t cut : {std::size_t{0}, std::size_t{7}, std::size_t{20}, bytes.size() - 1}) {
-    std::ofstream(path, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(cut));
-    CHECK_THROWS_WITH_AS(kvstore::detail::load_snapshot(path), doctest::Contains("server snapshot"), kvstore::error);
+    std::ofstream(path, std::ios::binary | std::ios::trunc)
+        .write(bytes.data(), static_cast<std::streamsize>(cut));
+    CHECK_THROWS_WITH_AS(kvstore::detail::load_snapshot(path), doctest::Contains("server snapshot"),
+                         kvstore::error);
   }
   auto flipped = bytes;
   flipped[bytes.size() - 3] ^= 0x20;
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(flipped.data(), static_cast<std::streamsize>(flipped.size()));
-  CHECK_THROWS_WITH_AS(kvstore::detail::load_snapshot(path), doctest::Contains("checksum"), kvstore::error);
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(flipped.data(), static_cast<std::streamsize>(flipped.size()));
+  CHECK_THROWS_WITH_AS(kvstore::detail::load_snapshot(path), doctest::Contains("checksum"),
+                       kvstore::error);
 
   // A real server refuses to start from it, saying why, instead of serving half a model.
   auto o = kvtest::test_options(1, 1);

@@ -14,11 +14,12 @@
 namespace doctest {
 // A vector of numbers in a failed check: its first 16 elements and its size.
 template <class T>
-  requires std::is_arithmetic_v<T>
+requires std::is_arithmetic_v<T>
 struct StringMaker<std::vector<T>> {
   static String convert(const std::vector<T>& v) {
     std::string s = "{";
-    for (std::size_t i = 0; i < v.size() && i < 16; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    for (std::size_t i = 0; i < v.size() && i < 16; ++i)
+      s += (i ? ", " : "") + std::to_string(v[i]);
     if (v.size() > 16) s += ", ... (" + std::to_string(v.size()) + ")";
     return (s + "}").c_str();
   }
@@ -47,7 +48,8 @@ void expect_error(F&& f, kvstore::errc code, std::initializer_list<std::string> 
     FAIL("no exception; expected one containing " << *parts.begin());
   } catch (const kvstore::error& e) {
     CHECK_MESSAGE(e.code() == make_error_code(code), e.what());
-    for (auto& p : parts) CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
+    for (auto& p : parts)
+      CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
   }
 }
 

@@ -4,9 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <mutex>
-#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -20,11 +20,14 @@ TEST_CASE("ops on one key run in issue order, never at the same time" * doctest:
   bool overlap = false;
   auto st = std::make_shared<op_state>(200);
   for (int i = 0; i < 200; ++i) {
-    e.submit_sync(7, i % 5, [&, i] {
-      if (running.fetch_add(1) != 0) overlap = true;
-      order.push_back(i);
-      running.fetch_sub(1);
-    }, st);
+    e.submit_sync(
+        7, i % 5,
+        [&, i] {
+          if (running.fetch_add(1) != 0) overlap = true;
+          order.push_back(i);
+          running.fetch_sub(1);
+        },
+        st);
   }
   kvstore::op(st).wait();
   CHECK_FALSE(overlap);
@@ -40,14 +43,23 @@ TEST_CASE("higher priority runs first, ties in issue order" * doctest::timeout(3
   std::promise<void> gate, parked;
   auto gf = gate.get_future().share();
   auto st = std::make_shared<op_state>(7);
-  e.submit_sync(1000, 0, [gf, &parked] { parked.set_value(); gf.wait(); }, st);
+  e.submit_sync(
+      1000, 0,
+      [gf, &parked] {
+        parked.set_value();
+        gf.wait();
+      },
+      st);
   parked.get_future().wait();  // the only thread is inside the blocker: the rest must queue
   const int prio[] = {0, 5, 1, 5, 9, 1};
   for (int i = 0; i < 6; ++i)
-    e.submit_sync(static_cast<std::uint64_t>(i), prio[i], [&, i] {
-      std::lock_guard lk(m);
-      order.push_back(i);
-    }, st);
+    e.submit_sync(
+        static_cast<std::uint64_t>(i), prio[i],
+        [&, i] {
+          std::lock_guard lk(m);
+          order.push_back(i);
+        },
+        st);
   gate.set_value();
   kvstore::op(st).wait();
   CHECK(order == std::vector<int>{4, 1, 3, 2, 5, 0});
@@ -56,10 +68,12 @@ TEST_CASE("higher priority runs first, ties in issue order" * doctest::timeout(3
 TEST_CASE("exceptions reach op::wait, later ops still run" * doctest::timeout(30)) {
   engine e(2);
   auto bad = std::make_shared<op_state>(1);
-  e.submit_sync(1, 0, [] { throw kvstore::error(kvstore::errc::invalid_argument, "boom"); }, bad);
+  e.submit_sync(
+      1, 0, [] { throw kvstore::error(kvstore::errc::invalid_argument, "boom"); }, bad);
   auto good = std::make_shared<op_state>(1);
   int x = 0;
-  e.submit_sync(1, 0, [&] { x = 42; }, good);
+  e.submit_sync(
+      1, 0, [&] { x = 42; }, good);
   CHECK_THROWS_WITH_AS(kvstore::op(bad).wait(), "boom", kvstore::error);
   kvstore::op(good).wait();
   CHECK(x == 42);
@@ -73,19 +87,23 @@ TEST_CASE("async completion from another thread holds the key" * doctest::timeou
   std::mutex m;
   std::condition_variable cv;
   auto a = std::make_shared<op_state>(1);
-  e.submit(3, 0, [&](engine::done_fn d) {
-    std::lock_guard lk(m);
-    saved = std::move(d);
-    cv.notify_all();
-  }, a);
+  e.submit(
+      3, 0,
+      [&](engine::done_fn d) {
+        std::lock_guard lk(m);
+        saved = std::move(d);
+        cv.notify_all();
+      },
+      a);
   auto b = std::make_shared<op_state>(1);
-  e.submit_sync(3, 0, [&] { seen = 1; }, b);
+  e.submit_sync(
+      3, 0, [&] { seen = 1; }, b);
   {
     std::unique_lock lk(m);
     cv.wait(lk, [&] { return static_cast<bool>(saved); });
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  CHECK(seen == 0);           // b waits for a
+  CHECK(seen == 0);  // b waits for a
   CHECK_FALSE(kvstore::op(a).ready());
   completer = std::thread([&] { saved(nullptr); });
   kvstore::op(b).wait();
@@ -97,7 +115,8 @@ TEST_CASE("wait_key and wait_all" * doctest::timeout(30)) {
   engine e(2);
   std::atomic<int> n{0};
   for (int i = 0; i < 100; ++i)
-    e.submit_sync(static_cast<std::uint64_t>(i % 10), 0, [&] { n.fetch_add(1); }, nullptr);
+    e.submit_sync(
+        static_cast<std::uint64_t>(i % 10), 0, [&] { n.fetch_add(1); }, nullptr);
   e.wait_all();
   CHECK(n == 100);
 }
@@ -106,11 +125,14 @@ TEST_CASE("parallel_for covers the range once, also from inside a task" * doctes
   engine e(2);
   std::vector<int> hits(100000, 0);
   auto st = std::make_shared<op_state>(1);
-  e.submit_sync(1, 0, [&] {
-    e.parallel_for(hits.size(), 1000, [&](std::size_t b, std::size_t en) {
-      for (std::size_t i = b; i < en; ++i) hits[i] += 1;
-    });
-  }, st);
+  e.submit_sync(
+      1, 0,
+      [&] {
+        e.parallel_for(hits.size(), 1000, [&](std::size_t b, std::size_t en) {
+          for (std::size_t i = b; i < en; ++i) hits[i] += 1;
+        });
+      },
+      st);
   kvstore::op(st).wait();
   for (int h : hits) REQUIRE(h == 1);
 }

@@ -3,6 +3,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -17,7 +18,6 @@
 #include <string>
 #include <thread>
 #include <type_traits>
-#include <unistd.h>
 #include <vector>
 
 using kvstore::errc;
@@ -232,8 +232,7 @@ TEST_CASE("rows: push_rows stores rows, duplicates summed; pull_rows in order" *
   std::vector<std::int64_t> dup{3, 1, 3};
   std::vector<float> dv{1, 2, 3, 7, 7, 7, 10, 20, 30};
   kv.push_rows("emb", dup, dv).wait();
-  CHECK(pulled(kv, "emb", 12) ==
-        std::vector<float>{-1, -1, -1, 7, 7, 7, -2, -2, -2, 11, 22, 33});
+  CHECK(pulled(kv, "emb", 12) == std::vector<float>{-1, -1, -1, 7, 7, 7, -2, -2, -2, 11, 22, 33});
 
   std::vector<std::int64_t> want{3, 0, 3};
   std::vector<float> out(9);
@@ -245,8 +244,7 @@ TEST_CASE("rows: push_rows stores rows, duplicates summed; pull_rows in order" *
   CHECK(pulled(kv, "emb", 12)[0] == -1);
 }
 
-TEST_CASE("rows with an optimizer: only the named rows, one step per push" *
-          doctest::timeout(60)) {
+TEST_CASE("rows with an optimizer: only the named rows, one step per push" * doctest::timeout(60)) {
   kvstore::optim::register_optimizer<step_probe>();
   store kv(kvstore::local_options{.threads = 2});
   kv.init(5, std::vector<float>(8, 0.5f), 2);  // 4 rows of 2
@@ -294,11 +292,17 @@ TEST_CASE("every misuse throws, names the key, changes nothing" * doctest::timeo
     expect_error([&] { kv.push(7, five); }, errc::size_mismatch, "key 7");
     expect_error([&] { kv.push(7, five); }, errc::size_mismatch, "5");
     expect_error([&] { kv.push(7, five); }, errc::size_mismatch, "4");
-    expect_error([&] { kv.push("fc1.w", {std::span<const float>(v), std::span<const float>(five)}); },
-                 errc::size_mismatch, "\"fc1.w\"");
+    expect_error(
+        [&] {
+          kv.push("fc1.w", {std::span<const float>(v), std::span<const float>(five)});
+        },
+        errc::size_mismatch, "\"fc1.w\"");
     expect_error([&] { kv.pull(7, out3); }, errc::size_mismatch, "size 3");
-    expect_error([&] { kv.pull(7, {std::span<float>(out4), std::span<float>(out3)}); },
-                 errc::size_mismatch, "key 7");
+    expect_error(
+        [&] {
+          kv.pull(7, {std::span<float>(out4), std::span<float>(out3)});
+        },
+        errc::size_mismatch, "key 7");
     expect_error([&] { kv.pushpull(7, v, out3); }, errc::size_mismatch, "key 7");
     expect_error([&] { kv.pushpull(7, five, out4); }, errc::size_mismatch, "key 7");
   }
@@ -332,11 +336,10 @@ TEST_CASE("every misuse throws, names the key, changes nothing" * doctest::timeo
     std::vector<float> o2(2);
     expect_error([&] { kv.pull_rows("emb", neg, o2); }, errc::row_out_of_range, "\"emb\"");
     std::vector<std::int64_t> ok{0};
-    expect_error([&] { kv.push_rows(7, ok, std::vector<float>(4)); }, errc::not_a_matrix,
-                 "key 7");
+    expect_error([&] { kv.push_rows(7, ok, std::vector<float>(4)); }, errc::not_a_matrix, "key 7");
     expect_error([&] { kv.pull_rows(7, ok, out4); }, errc::not_a_matrix, "key 7");
-    expect_error([&] { kv.push_rows("emb", ok, std::vector<float>(3, 5)); },
-                 errc::invalid_argument, "\"emb\"");
+    expect_error([&] { kv.push_rows("emb", ok, std::vector<float>(3, 5)); }, errc::invalid_argument,
+                 "\"emb\"");
     expect_error([&] { kv.pull_rows("emb", ok, out4); }, errc::invalid_argument, "\"emb\"");
   }
   SUBCASE("empty lists and mismatched lengths") {
@@ -508,9 +511,8 @@ TEST_CASE_TEMPLATE("save/load optimizer states: identical continued training" *
 }
 
 TEST_CASE("a failed load changes no state" * doctest::timeout(60)) {
-  const auto good = temp_file("good"), corrupt = temp_file("corrupt"),
-             other = temp_file("other"), extra = temp_file("extra"),
-             sized = temp_file("sized");
+  const auto good = temp_file("good"), corrupt = temp_file("corrupt"), other = temp_file("other"),
+             extra = temp_file("extra"), sized = temp_file("sized");
   auto setup = [](store& kv) {
     kv.init("w", std::vector<float>{1, 2, 3});
     kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.5, .momentum = 0.5});

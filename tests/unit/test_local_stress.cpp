@@ -54,12 +54,8 @@ vec random_values(std::mt19937& rng, std::size_t n, int lo, int hi) {
   return v;
 }
 
-std::string key_name(int k) {
-  return k % 2 ? "layer" + std::to_string(k) + ".w" : std::string{};
-}
-kvstore::key key_of(int k) {
-  return k % 2 ? kvstore::key(key_name(k)) : kvstore::key(k);
-}
+std::string key_name(int k) { return k % 2 ? "layer" + std::to_string(k) + ".w" : std::string{}; }
+kvstore::key key_of(int k) { return k % 2 ? kvstore::key(key_name(k)) : kvstore::key(k); }
 
 }  // namespace
 

@@ -31,7 +31,7 @@ struct signsgd {
   }
   template <class Ar>
   void serialize(Ar& ar, unsigned) {
-    ar & learning_rate;
+    ar& learning_rate;
   }
 };
 // Another type claiming a built-in's name: registering it must be refused.
@@ -138,8 +138,13 @@ TEST_CASE_TEMPLATE("adam first step moves by about lr whatever the gradient's sc
 TEST_CASE_TEMPLATE("adam weight decay, rescale, clipping" * doctest::timeout(60), T, float,
                    double) {
   // g = clip(0.5 * 8, 1) + 1 * 1 = 2; step 1 with eps 0 moves by lr whatever g.
-  const optim::adam o{.learning_rate = 0.5, .beta1 = 0.5, .beta2 = 0.75, .epsilon = 0,
-                      .weight_decay = 1, .rescale_grad = 0.5, .clip_gradient = 1};
+  const optim::adam o{.learning_rate = 0.5,
+                      .beta1 = 0.5,
+                      .beta2 = 0.75,
+                      .epsilon = 0,
+                      .weight_decay = 1,
+                      .rescale_grad = 0.5,
+                      .clip_gradient = 1};
   optim::state<T> st;
   const auto w = run<T>(o, {1}, {{8}}, &st);
   CHECK(w[0] == doctest::Approx(0.5));
@@ -160,8 +165,7 @@ TEST_CASE_TEMPLATE("adagrad" * doctest::timeout(60), T, float, double) {
   CHECK(run<T>(d, {4}, {{1}, {0}}, &st) == std::vector<T>{2.625});
   CHECK(st.slots[0][0] == T(1));
   // Rescale then clip: g = clip(0.5 * 10, 2) = 2, h 4, w -= 2 / 2.
-  const optim::adagrad c{.learning_rate = 1, .epsilon = 0, .rescale_grad = 0.5,
-                         .clip_gradient = 2};
+  const optim::adagrad c{.learning_rate = 1, .epsilon = 0, .rescale_grad = 0.5, .clip_gradient = 2};
   CHECK(run<T>(c, {0}, {{10}}) == std::vector<T>{-1});
 }
 
@@ -187,8 +191,11 @@ TEST_CASE_TEMPLATE("an update over slices equals the update of the whole key" *
 
 TEST_CASE_TEMPLATE("make_updater and create_updater round trip" * doctest::timeout(60), T, float,
                    double) {
-  const optim::sgd s{.learning_rate = 0.1, .momentum = 0.9, .weight_decay = 1e-4,
-                     .rescale_grad = 1.0 / 3, .clip_gradient = 5};
+  const optim::sgd s{.learning_rate = 0.1,
+                     .momentum = 0.9,
+                     .weight_decay = 1e-4,
+                     .rescale_grad = 1.0 / 3,
+                     .clip_gradient = 5};
   const optim::adam a{.learning_rate = 3e-4, .beta2 = 0.98, .weight_decay = 0.1};
   const optim::adagrad h{.learning_rate = 0.7, .epsilon = 1e-6, .clip_gradient = 0.3};
   const std::vector<optim::updater<T>> made{optim::make_updater<T>(s), optim::make_updater<T>(a),
@@ -255,7 +262,8 @@ TEST_CASE("registration is idempotent and refuses a second type under a taken na
   REQUIRE(e);
   CHECK(e->code() == kvstore::errc::invalid_argument);
   // The built-in is still the one served.
-  const auto u = optim::create_updater<float>("sgd", optim::make_updater<float>(optim::sgd{}).params);
+  const auto u =
+      optim::create_updater<float>("sgd", optim::make_updater<float>(optim::sgd{}).params);
   std::vector<float> w{1};
   optim::state<float> st;
   u.apply(0, std::vector<float>{1}, w, st);
@@ -287,7 +295,7 @@ struct opt_a {
   }
   template <class Ar>
   void serialize(Ar& ar, unsigned) {
-    ar & x;
+    ar& x;
   }
 };
 }  // namespace thread_test

@@ -20,18 +20,49 @@ using kvstore::role;
 namespace {
 
 // Every variable apply_env() reads (and a few launchers set that it must ignore).
-constexpr const char* all_vars[] = {
-    "KVSTORE_ROLE", "KVSTORE_SCHEDULER", "KVSTORE_NUM_WORKERS", "KVSTORE_NUM_SERVERS",
-    "KVSTORE_TYPE", "KVSTORE_TOKEN", "KVSTORE_RANK", "KVSTORE_BIND", "KVSTORE_ADVERTISE",
-    "KVSTORE_ON_WORKER_DEATH", "KVSTORE_CHECKPOINT_DIR", "KVSTORE_CHECKPOINT_INTERVAL_MS",
-    "KVSTORE_CHECKPOINT_ROUNDS", "KVSTORE_SERVER_RESTART_WAIT_MS", "KVSTORE_TLS_CERT",
-    "KVSTORE_TLS_KEY", "KVSTORE_TLS_CA", "KVSTORE_MAX_KEY_BYTES", "KVSTORE_CONNECT_TIMEOUT_MS",
-    "KVSTORE_REQUEST_TIMEOUT_MS", "KVSTORE_BARRIER_TIMEOUT_MS", "KVSTORE_HEARTBEAT_MS",
-    "KVSTORE_DEAD_TIMEOUT_MS", "DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
-    "DMLC_NUM_WORKER", "DMLC_NUM_SERVER", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "PMIX_SIZE", "SLURM_PROCID", "SLURM_NTASKS",
-    "SLURM_JOB_NODELIST", "SLURM_NODELIST", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-    "MASTER_PORT"};
+constexpr const char* all_vars[] = {"KVSTORE_ROLE",
+                                    "KVSTORE_SCHEDULER",
+                                    "KVSTORE_NUM_WORKERS",
+                                    "KVSTORE_NUM_SERVERS",
+                                    "KVSTORE_TYPE",
+                                    "KVSTORE_TOKEN",
+                                    "KVSTORE_RANK",
+                                    "KVSTORE_BIND",
+                                    "KVSTORE_ADVERTISE",
+                                    "KVSTORE_ON_WORKER_DEATH",
+                                    "KVSTORE_CHECKPOINT_DIR",
+                                    "KVSTORE_CHECKPOINT_INTERVAL_MS",
+                                    "KVSTORE_CHECKPOINT_ROUNDS",
+                                    "KVSTORE_SERVER_RESTART_WAIT_MS",
+                                    "KVSTORE_TLS_CERT",
+                                    "KVSTORE_TLS_KEY",
+                                    "KVSTORE_TLS_CA",
+                                    "KVSTORE_MAX_KEY_BYTES",
+                                    "KVSTORE_CONNECT_TIMEOUT_MS",
+                                    "KVSTORE_REQUEST_TIMEOUT_MS",
+                                    "KVSTORE_BARRIER_TIMEOUT_MS",
+                                    "KVSTORE_HEARTBEAT_MS",
+                                    "KVSTORE_DEAD_TIMEOUT_MS",
+                                    "DMLC_ROLE",
+                                    "DMLC_PS_ROOT_URI",
+                                    "DMLC_PS_ROOT_PORT",
+                                    "DMLC_NUM_WORKER",
+                                    "DMLC_NUM_SERVER",
+                                    "OMPI_COMM_WORLD_RANK",
+                                    "OMPI_COMM_WORLD_SIZE",
+                                    "PMI_RANK",
+                                    "PMI_SIZE",
+                                    "PMIX_RANK",
+                                    "PMIX_SIZE",
+                                    "SLURM_PROCID",
+                                    "SLURM_NTASKS",
+                                    "SLURM_JOB_NODELIST",
+                                    "SLURM_NODELIST",
+                                    "RANK",
+                                    "WORLD_SIZE",
+                                    "LOCAL_RANK",
+                                    "MASTER_ADDR",
+                                    "MASTER_PORT"};
 
 // Clears every variable above for the test's lifetime, sets the given ones, and puts the
 // process's environment back as it was when destroyed (ctest may run under mpirun or srun).
@@ -39,8 +70,10 @@ class env_guard {
  public:
   explicit env_guard(std::initializer_list<std::pair<const char*, const char*>> vars = {}) {
     for (const char* name : all_vars) {
-      if (const char* v = std::getenv(name)) saved_[name] = v;
-      else saved_[name] = std::nullopt;
+      if (const char* v = std::getenv(name))
+        saved_[name] = v;
+      else
+        saved_[name] = std::nullopt;
       ::unsetenv(name);
     }
     for (auto& [name, value] : vars) set(name, value);
@@ -49,8 +82,10 @@ class env_guard {
   void unset(const char* name) { ::unsetenv(name); }
   ~env_guard() {
     for (auto& [name, value] : saved_) {
-      if (value) ::setenv(name.c_str(), value->c_str(), 1);
-      else ::unsetenv(name.c_str());
+      if (value)
+        ::setenv(name.c_str(), value->c_str(), 1);
+      else
+        ::unsetenv(name.c_str());
     }
   }
   env_guard(const env_guard&) = delete;
@@ -174,11 +209,10 @@ TEST_CASE("DMLC_* variables as dmlc-tracker / MXNet launch.py set them") {
 }
 
 TEST_CASE("KVSTORE_* comes before DMLC_*") {
-  env_guard g{{"KVSTORE_ROLE", "server"},        {"DMLC_ROLE", "scheduler"},
-              {"KVSTORE_SCHEDULER", "h1:1111"},  {"DMLC_PS_ROOT_URI", "h2"},
-              {"DMLC_PS_ROOT_PORT", "2222"},     {"KVSTORE_NUM_WORKERS", "5"},
-              {"DMLC_NUM_WORKER", "6"},          {"KVSTORE_NUM_SERVERS", "7"},
-              {"DMLC_NUM_SERVER", "8"}};
+  env_guard g{
+      {"KVSTORE_ROLE", "server"}, {"DMLC_ROLE", "scheduler"},    {"KVSTORE_SCHEDULER", "h1:1111"},
+      {"DMLC_PS_ROOT_URI", "h2"}, {"DMLC_PS_ROOT_PORT", "2222"}, {"KVSTORE_NUM_WORKERS", "5"},
+      {"DMLC_NUM_WORKER", "6"},   {"KVSTORE_NUM_SERVERS", "7"},  {"DMLC_NUM_SERVER", "8"}};
   const auto o = dist_options::from_env();
   CHECK(o.role == role::server);
   CHECK(o.scheduler_host == "h1");
@@ -188,23 +222,28 @@ TEST_CASE("KVSTORE_* comes before DMLC_*") {
 }
 
 TEST_CASE("an empty variable counts as unset") {
-  env_guard g{{"KVSTORE_ROLE", ""}, {"DMLC_ROLE", "server"}, {"KVSTORE_NUM_WORKERS", ""},
-              {"DMLC_NUM_WORKER", "3"}, {"KVSTORE_SCHEDULER", ""}};
+  env_guard g{{"KVSTORE_ROLE", ""},
+              {"DMLC_ROLE", "server"},
+              {"KVSTORE_NUM_WORKERS", ""},
+              {"DMLC_NUM_WORKER", "3"},
+              {"KVSTORE_SCHEDULER", ""}};
   const auto o = dist_options::from_env();
   CHECK(o.role == role::server);
   CHECK(o.num_workers == 3);
   CHECK(o.scheduler_port == 9091);
 }
 
-TEST_CASE("a launcher's rank: rank 0 scheduler, the next num_servers ranks servers, the rest workers") {
+TEST_CASE(
+    "a launcher's rank: rank 0 scheduler, the next num_servers ranks servers, the rest workers") {
   env_guard g{{"OMPI_COMM_WORLD_SIZE", "6"}, {"KVSTORE_NUM_SERVERS", "2"}};
   struct expect {
     int rank;
     role r;
     int hint;
   };
-  for (auto e : {expect{0, role::scheduler, -1}, expect{1, role::server, 0}, expect{2, role::server, 1},
-                 expect{3, role::worker, 0}, expect{4, role::worker, 1}, expect{5, role::worker, 2}}) {
+  for (auto e :
+       {expect{0, role::scheduler, -1}, expect{1, role::server, 0}, expect{2, role::server, 1},
+        expect{3, role::worker, 0}, expect{4, role::worker, 1}, expect{5, role::worker, 2}}) {
     CAPTURE(e.rank);
     g.set("OMPI_COMM_WORLD_RANK", std::to_string(e.rank).c_str());
     const auto o = dist_options::from_env();
@@ -240,11 +279,16 @@ TEST_CASE("without KVSTORE_NUM_SERVERS a launcher's job has one server") {
 }
 
 TEST_CASE("launchers in order: Open MPI, PMI, PMIx, Slurm, torchrun") {
-  env_guard g{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "3"},
-              {"PMI_RANK", "1"},             {"PMI_SIZE", "3"},
-              {"PMIX_RANK", "2"},            {"PMIX_SIZE", "4"},
-              {"SLURM_PROCID", "3"},         {"SLURM_NTASKS", "5"},
-              {"RANK", "5"},                 {"WORLD_SIZE", "6"}};
+  env_guard g{{"OMPI_COMM_WORLD_RANK", "0"},
+              {"OMPI_COMM_WORLD_SIZE", "3"},
+              {"PMI_RANK", "1"},
+              {"PMI_SIZE", "3"},
+              {"PMIX_RANK", "2"},
+              {"PMIX_SIZE", "4"},
+              {"SLURM_PROCID", "3"},
+              {"SLURM_NTASKS", "5"},
+              {"RANK", "5"},
+              {"WORLD_SIZE", "6"}};
   CHECK(dist_options::launcher().source == std::string("OMPI_COMM_WORLD_RANK"));
   CHECK(dist_options::from_env().role == role::scheduler);
   g.unset("OMPI_COMM_WORLD_RANK");
@@ -271,8 +315,10 @@ TEST_CASE("launchers in order: Open MPI, PMI, PMIx, Slurm, torchrun") {
 }
 
 TEST_CASE("a role given by KVSTORE_ROLE or DMLC_ROLE turns the launcher's rank off") {
-  env_guard g{{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "5"},
-              {"MASTER_ADDR", "10.9.9.9"},   {"KVSTORE_ROLE", "worker"}};
+  env_guard g{{"OMPI_COMM_WORLD_RANK", "0"},
+              {"OMPI_COMM_WORLD_SIZE", "5"},
+              {"MASTER_ADDR", "10.9.9.9"},
+              {"KVSTORE_ROLE", "worker"}};
   auto o = dist_options::from_env();
   CHECK(o.role == role::worker);
   CHECK(o.num_workers == 1);

@@ -1,4 +1,5 @@
 #include <kvstore/reduce/cpu.hpp>  // first: the header is self-contained
+
 #include <kvstore/engine/engine.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -108,8 +109,8 @@ TEST_CASE("sum_into: a size mismatch throws and leaves dst alone" * doctest::tim
   for (double x : dst) CHECK(x == 5.0);
 }
 
-TEST_CASE_TEMPLATE("sum_into on the engine: parallel path, exact" * doctest::timeout(60), T,
-                   float, double) {
+TEST_CASE_TEMPLATE("sum_into on the engine: parallel path, exact" * doctest::timeout(60), T, float,
+                   double) {
   kvstore::detail::engine eng(3);
   for (std::size_t n : {std::size_t{1000}, std::size_t{70000}, (std::size_t{1} << 20) + 3}) {
     for (std::size_t k = 1; k <= 6; ++k) {
@@ -135,7 +136,8 @@ TEST_CASE("sum_into on the engine from inside a task" * doctest::timeout(60)) {
   auto sp = spans(src);
   std::vector<float> dst(n);
   auto st = std::make_shared<kvstore::detail::op_state>(1);
-  eng.submit_sync(1, 0, [&] { kvstore::reduce::sum_into<float>(eng, dst, sp, 1024); }, st);
+  eng.submit_sync(
+      1, 0, [&] { kvstore::reduce::sum_into<float>(eng, dst, sp, 1024); }, st);
   kvstore::op(st).wait();
   CHECK(wrong(dst, 3) == 0);
 }

@@ -50,7 +50,8 @@ struct box_port {
     a.message = std::move(msg);
     box->got.push_back(std::move(a));
   }
-  void send(const wire::header& h, std::span<const std::byte> payload, std::shared_ptr<const void> keep) const {
+  void send(const wire::header& h, std::span<const std::byte> payload,
+            std::shared_ptr<const void> keep) const {
     CHECK(keep != nullptr);
     answer a;
     a.h = h;
@@ -58,7 +59,8 @@ struct box_port {
     a.data = h.command == wire::cmd::data;
     a.raw.assign(reinterpret_cast<const char*>(payload.data()), payload.size());
     a.values.resize(payload.size() / sizeof(float));
-    if (!a.values.empty()) std::memcpy(a.values.data(), payload.data(), a.values.size() * sizeof(float));
+    if (!a.values.empty())
+      std::memcpy(a.values.data(), payload.data(), a.values.size() * sizeof(float));
     box->got.push_back(std::move(a));
   }
 };
@@ -72,7 +74,8 @@ std::span<const std::byte> bytes_of(const std::vector<float>& v) {
 /// A shard and one port per worker.
 struct fixture {
   explicit fixture(int workers, bool sync = true, std::size_t chunk_bytes = 1 << 20)
-      : sh(config(workers, sync, chunk_bytes), [this](bool important) { changes.push_back(important); }) {
+      : sh(config(workers, sync, chunk_bytes),
+           [this](bool important) { changes.push_back(important); }) {
     for (int r = 0; r < workers; ++r) ports.push_back({std::make_shared<outbox>()});
   }
   static kvstore::detail::shard_config config(int workers, bool sync, std::size_t chunk_bytes) {
@@ -87,17 +90,18 @@ struct fixture {
   const box_port& port(int rank) { return ports[static_cast<std::size_t>(rank)]; }
 
   /// Every worker inits `key` ([lo, hi) of `total` on this server; rank 0 sends `value`).
-  void init_all(std::uint64_t key, const std::vector<float>& value, std::uint64_t lo, std::uint64_t hi,
-                std::uint64_t total, std::uint64_t row_length = 0) {
-    for (int r = 0; r < static_cast<int>(ports.size()); ++r) init(r, key, r == 0 ? value : std::vector<float>{}, lo, hi, total, row_length);
+  void init_all(std::uint64_t key, const std::vector<float>& value, std::uint64_t lo,
+                std::uint64_t hi, std::uint64_t total, std::uint64_t row_length = 0) {
+    for (int r = 0; r < static_cast<int>(ports.size()); ++r)
+      init(r, key, r == 0 ? value : std::vector<float>{}, lo, hi, total, row_length);
     for (int r = 0; r < static_cast<int>(ports.size()); ++r) {
       REQUIRE(got(r).size() == 1);
       REQUIRE(got(r).back().status == errc::ok);
       got(r).clear();
     }
   }
-  void init(int rank, std::uint64_t key, const std::vector<float>& value, std::uint64_t lo, std::uint64_t hi,
-            std::uint64_t total, std::uint64_t row_length = 0) {
+  void init(int rank, std::uint64_t key, const std::vector<float>& value, std::uint64_t lo,
+            std::uint64_t hi, std::uint64_t total, std::uint64_t row_length = 0) {
     wire::header h;
     h.command = wire::cmd::init;
     h.key = key;
@@ -111,8 +115,8 @@ struct fixture {
     sh.handle(rank, port(rank), h, wire::encode_init_meta({lo, hi}), bytes_of(value));
   }
 
-  wire::header push_header(std::uint64_t key, std::uint64_t offset, std::size_t n, std::uint64_t total,
-                           std::uint64_t seq = 0, bool last = true) {
+  wire::header push_header(std::uint64_t key, std::uint64_t offset, std::size_t n,
+                           std::uint64_t total, std::uint64_t seq = 0, bool last = true) {
     wire::header h;
     h.command = wire::cmd::push;
     h.key = key;
@@ -126,19 +130,21 @@ struct fixture {
     return h;
   }
   /// One frame of a push of elements [offset, offset + v.size()).
-  void push(int rank, std::uint64_t key, const std::vector<float>& v, std::uint64_t offset, std::uint64_t total,
-            std::uint64_t seq = 0, bool last = true) {
-    sh.handle(rank, port(rank), push_header(key, offset, v.size(), total, seq, last), {}, bytes_of(v));
+  void push(int rank, std::uint64_t key, const std::vector<float>& v, std::uint64_t offset,
+            std::uint64_t total, std::uint64_t seq = 0, bool last = true) {
+    sh.handle(rank, port(rank), push_header(key, offset, v.size(), total, seq, last), {},
+              bytes_of(v));
   }
-  void push_rows(int rank, std::uint64_t key, const std::vector<std::int64_t>& rows, const std::vector<float>& v,
-                 std::uint64_t total, std::uint64_t seq = 0) {
+  void push_rows(int rank, std::uint64_t key, const std::vector<std::int64_t>& rows,
+                 const std::vector<float>& v, std::uint64_t total, std::uint64_t seq = 0) {
     wire::header h = push_header(key, 0, v.size(), total, seq);
     h.command = wire::cmd::push_rows;
     sh.handle(rank, port(rank), h, wire::encode_rows(rows.data(), rows.size()), bytes_of(v));
   }
 
   /// The value a pull of `key` answers, put together from its data frames.
-  std::vector<float> pull(std::uint64_t key, std::uint64_t total, std::uint64_t lo = 0, int rank = 0) {
+  std::vector<float> pull(std::uint64_t key, std::uint64_t total, std::uint64_t lo = 0,
+                          int rank = 0) {
     wire::header h;
     h.command = wire::cmd::pull;
     h.key = key;
@@ -159,7 +165,8 @@ struct fixture {
     g.clear();
     return out;
   }
-  std::vector<float> pull_rows(std::uint64_t key, const std::vector<std::int64_t>& rows, std::uint64_t total) {
+  std::vector<float> pull_rows(std::uint64_t key, const std::vector<std::int64_t>& rows,
+                               std::uint64_t total) {
     wire::header h;
     h.command = wire::cmd::pull_rows;
     h.key = key;
@@ -205,7 +212,8 @@ struct fixture {
     h.command = wire::cmd::load_states;
     h.req_id = ++req;
     h.payload_len = payload.size();
-    sh.handle(0, port(0), h, {}, {reinterpret_cast<const std::byte*>(payload.data()), payload.size()});
+    sh.handle(0, port(0), h, {},
+              {reinterpret_cast<const std::byte*>(payload.data()), payload.size()});
   }
 
   shard_t sh;
@@ -261,7 +269,8 @@ TEST_CASE("a pull is answered in chunks of chunk_bytes, offsets absolute" * doct
   CHECK(f.pull(5, 20, 10) == std::vector<float>{1, 2, 3, 4, 5, 6, 7});
 }
 
-TEST_CASE("a push in several frames: staged with two workers, read in place with one" * doctest::timeout(10)) {
+TEST_CASE("a push in several frames: staged with two workers, read in place with one" *
+          doctest::timeout(10)) {
   SUBCASE("two workers, frames interleaved") {
     fixture f(2);
     f.init_all(2, {0, 0, 0, 0, 0, 0}, 0, 6, 6);
@@ -297,7 +306,8 @@ TEST_CASE("a push in several frames: staged with two workers, read in place with
   }
 }
 
-TEST_CASE("async: each push is applied on arrival, one optimizer step per push" * doctest::timeout(10)) {
+TEST_CASE("async: each push is applied on arrival, one optimizer step per push" *
+          doctest::timeout(10)) {
   fixture f(2, /*sync=*/false);
   f.init_all(3, {1, 1, 1, 1}, 0, 4, 4);
   f.push(0, 3, {5, 6, 7, 8}, 0, 4);
@@ -350,7 +360,8 @@ TEST_CASE("sgd with momentum and adam on a sync round, values by hand" * doctest
     const std::vector<float> grads[2] = {{0.5f, -2, 1}, {1, 1, -0.25f}};
     for (int t = 1; t <= 2; ++t) {
       f.push(0, 4, grads[t - 1], 0, 3);
-      const float lr_t = static_cast<float>(0.01 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t)));
+      const float lr_t =
+          static_cast<float>(0.01 * std::sqrt(1 - std::pow(0.999, t)) / (1 - std::pow(0.9, t)));
       for (int i = 0; i < 3; ++i) {
         const float g = grads[t - 1][static_cast<std::size_t>(i)] + 0.0f * w[i];
         m[i] = 0.9f * m[i] + static_cast<float>(1 - 0.9) * g;
@@ -383,7 +394,8 @@ TEST_CASE("rows: a sync round of row pushes, duplicates summed, pull_rows" * doc
   }
 }
 
-TEST_CASE("a worker that leaves completes the round; one that dies fails it" * doctest::timeout(10)) {
+TEST_CASE("a worker that leaves completes the round; one that dies fails it" *
+          doctest::timeout(10)) {
   fixture f(2);
   f.init_all(1, {0, 0}, 0, 2, 2);
   f.push(0, 1, {1, 2}, 0, 2);
@@ -412,7 +424,8 @@ TEST_CASE("a worker that leaves completes the round; one that dies fails it" * d
   CHECK(d.got(0)[0].status == errc::node_dead);
 }
 
-TEST_CASE("inits: others wait for rank 0's value; a death of rank 0 fails them" * doctest::timeout(10)) {
+TEST_CASE("inits: others wait for rank 0's value; a death of rank 0 fails them" *
+          doctest::timeout(10)) {
   fixture f(2);
   f.init(1, 9, {}, 0, 2, 2);
   CHECK(f.got(1).empty());
@@ -465,7 +478,8 @@ TEST_CASE("optimizer states: save, load into a twin, the same bytes again" * doc
   CHECK(e.sh.slices().at(1).st_f.slots.empty());
 }
 
-TEST_CASE("snapshot round trip: take, encode, decode, restore serves the same" * doctest::timeout(10)) {
+TEST_CASE("snapshot round trip: take, encode, decode, restore serves the same" *
+          doctest::timeout(10)) {
   fixture a(2);
   a.init_all(1, {1, 2, 3, 4}, 0, 4, 4);
   a.init_all(3, {0, 0, 0, 0}, 4, 8, 8, 2);
@@ -545,7 +559,8 @@ TEST_CASE("bad requests throw the right error and change nothing" * doctest::tim
   CHECK(error_of([&] { f.push(0, 1, {1}, 2, 9); }) == errc::size_mismatch);        // wrong total
   CHECK(error_of([&] { f.push(0, 7, {1}, 0, 8); }) == errc::unknown_key);
   CHECK(error_of([&] { f.push_rows(0, 2, {0}, {1, 1, 1, 1}, 4); }) == errc::not_a_matrix);
-  CHECK(error_of([&] { f.init(0, 1, {1}, 2, 6, 9); }) == errc::size_mismatch);     // re-init, other size
+  CHECK(error_of([&] { f.init(0, 1, {1}, 2, 6, 9); }) ==
+        errc::size_mismatch);  // re-init, other size
   CHECK(error_of([&] { f.init(0, 8, {1}, 3, 2, 4); }) == errc::invalid_argument);  // lo > hi
   {
     wire::header h = f.push_header(1, 2, 1, 8);

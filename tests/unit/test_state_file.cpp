@@ -122,7 +122,8 @@ TEST_CASE("a file that is not a state file is refused" * doctest::timeout(60)) {
   CHECK(e->code() == errc::bad_file);
 }
 
-TEST_CASE("a huge file that is not a state file is refused before it is read" * doctest::timeout(20)) {
+TEST_CASE("a huge file that is not a state file is refused before it is read" *
+          doctest::timeout(20)) {
   // 1 TiB, sparse: reading it whole (as the loader once did before checking the magic) would
   // take hours or fail to allocate; the magic is checked after 8 bytes.
   temp_dir d;
@@ -142,8 +143,8 @@ TEST_CASE("a truncated file is refused at every length" * doctest::timeout(60)) 
   optim::save_states<double>(src, "adagrad", sample_states<double>());
   const std::string bytes = kvstore::detail::read_file(src);
   REQUIRE(bytes.size() > 100);
-  std::vector<std::size_t> lengths{0, 1, 7, 8, 11, 12, 16, 19, 20, 27, 35, 40, bytes.size() / 2,
-                                   bytes.size() - 1};
+  std::vector<std::size_t> lengths{
+      0, 1, 7, 8, 11, 12, 16, 19, 20, 27, 35, 40, bytes.size() / 2, bytes.size() - 1};
   for (std::size_t n = 0; n < 64; ++n) lengths.push_back(n);
   for (std::size_t n : lengths) {
     CAPTURE(n);
@@ -254,8 +255,8 @@ TEST_CASE("write_file_atomically and read_file" * doctest::timeout(60)) {
 TEST_CASE("checksum is the standard CRC-32" * doctest::timeout(60)) {
   CHECK(kvstore::detail::checksum("123456789") == 0xCBF43926u);
   CHECK(kvstore::detail::checksum(std::string_view{}) == 0u);
-  const std::byte b[] = {std::byte{'1'}, std::byte{'2'}, std::byte{'3'}, std::byte{'4'},
-                         std::byte{'5'}, std::byte{'6'}, std::byte{'7'}, std::byte{'8'},
-                         std::byte{'9'}};
+  const std::byte b[] = {std::byte{'1'}, std::byte{'2'}, std::byte{'3'},
+                         std::byte{'4'}, std::byte{'5'}, std::byte{'6'},
+                         std::byte{'7'}, std::byte{'8'}, std::byte{'9'}};
   CHECK(kvstore::detail::checksum(std::span<const std::byte>(b)) == 0xCBF43926u);
 }

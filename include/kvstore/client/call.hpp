@@ -34,23 +34,40 @@ enum class call_kind : std::uint8_t {
 /// The public call's name, as errors show it.
 constexpr std::string_view call_name(call_kind c) noexcept {
   switch (c) {
-    case call_kind::init: return "init";
-    case call_kind::push: return "push";
-    case call_kind::pull: return "pull";
-    case call_kind::pushpull: return "pushpull";
-    case call_kind::push_rows: return "push_rows";
-    case call_kind::pull_rows: return "pull_rows";
-    case call_kind::set_optimizer: return "set_optimizer";
-    case call_kind::save_optimizer_states: return "save_optimizer_states";
-    case call_kind::load_optimizer_states: return "load_optimizer_states";
-    case call_kind::send_command_to_servers: return "send_command_to_servers";
-    case call_kind::barrier: return "barrier";
-    case call_kind::barrier_before_exit: return "barrier before exit";
-    case call_kind::num_dead_node: return "num_dead_node";
-    case call_kind::leave: return "leave";
-    case call_kind::checkpoint: return "checkpoint";
-    case call_kind::join: return "joining the job";
-    case call_kind::bye: return "bye";
+    case call_kind::init:
+      return "init";
+    case call_kind::push:
+      return "push";
+    case call_kind::pull:
+      return "pull";
+    case call_kind::pushpull:
+      return "pushpull";
+    case call_kind::push_rows:
+      return "push_rows";
+    case call_kind::pull_rows:
+      return "pull_rows";
+    case call_kind::set_optimizer:
+      return "set_optimizer";
+    case call_kind::save_optimizer_states:
+      return "save_optimizer_states";
+    case call_kind::load_optimizer_states:
+      return "load_optimizer_states";
+    case call_kind::send_command_to_servers:
+      return "send_command_to_servers";
+    case call_kind::barrier:
+      return "barrier";
+    case call_kind::barrier_before_exit:
+      return "barrier before exit";
+    case call_kind::num_dead_node:
+      return "num_dead_node";
+    case call_kind::leave:
+      return "leave";
+    case call_kind::checkpoint:
+      return "checkpoint";
+    case call_kind::join:
+      return "joining the job";
+    case call_kind::bye:
+      return "bye";
   }
   return "?";
 }

@@ -7,9 +7,9 @@
 
 #include <kvstore/client/call.hpp>
 #include <kvstore/detail/log.hpp>
+#include <kvstore/node.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/options.hpp>
-#include <kvstore/node.hpp>
 #include <kvstore/transport/connection.hpp>
 #include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -102,7 +102,8 @@ class worker_client final : public transport::frame_handler {
       }
     }
     if (!down.empty()) {
-      r.done->complete_part(std::make_exception_ptr(error(errc::node_dead, r.what.str() + ": " + down)));
+      r.done->complete_part(
+          std::make_exception_ptr(error(errc::node_dead, r.what.str() + ": " + down)));
       return;
     }
     for (auto& f : frames) c->send(std::move(f), alone);
@@ -305,7 +306,8 @@ class worker_client final : public transport::frame_handler {
           auto code = h.status <= static_cast<std::uint32_t>(errc::unsupported)
                           ? static_cast<errc>(h.status)
                           : errc::server_error;
-          return r->done->complete_part(std::make_exception_ptr(error(code, r->what.str() + ": " + meta)));
+          return r->done->complete_part(
+              std::make_exception_ptr(error(code, r->what.str() + ": " + meta)));
         }
         try {
           if (r->on_response) r->on_response(h, payload);
@@ -465,7 +467,8 @@ class worker_client final : public transport::frame_handler {
       }
     }
     for (auto& r : failed)
-      r.done->complete_part(std::make_exception_ptr(error(errc::node_dead, r.what.str() + ": " + why)));
+      r.done->complete_part(
+          std::make_exception_ptr(error(errc::node_dead, r.what.str() + ": " + why)));
   }
 
   // The peer is lost for good: fail what waits on it, and everything sent to it later.
@@ -534,8 +537,8 @@ class worker_client final : public transport::frame_handler {
       left.swap(pending_);
     }
     for (auto& [id, r] : left)
-      r.done->complete_part(
-          std::make_exception_ptr(error(errc::shutdown, r.what.str() + ": the store is shutting down")));
+      r.done->complete_part(std::make_exception_ptr(
+          error(errc::shutdown, r.what.str() + ": the store is shutting down")));
   }
 
   dist_options opts_;

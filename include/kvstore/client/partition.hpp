@@ -38,7 +38,8 @@ inline std::vector<slice_ref> partition(std::uint64_t key_id, std::uint64_t tota
     const std::uint64_t ulo = units * i / s, uhi = units * (i + 1) / s;
     if (uhi == ulo) continue;
     // Rotate by the key's home so the first slices of many keys do not all land on server 0.
-    out.push_back({static_cast<int>((static_cast<std::uint64_t>(home) + i) % s), ulo * unit, uhi * unit});
+    out.push_back(
+        {static_cast<int>((static_cast<std::uint64_t>(home) + i) % s), ulo * unit, uhi * unit});
   }
   return out;
 }

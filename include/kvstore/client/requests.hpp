@@ -227,7 +227,8 @@ class requests {
   /// Gives each server its slices of `states` (checked against the keys by the caller).
   void load_states(const std::map<std::uint64_t, optim::key_state<T>>& states,
                    const key_lookup& lookup) {
-    auto parts = std::make_shared<std::vector<std::string>>(static_cast<std::size_t>(num_servers()));
+    auto parts =
+        std::make_shared<std::vector<std::string>>(static_cast<std::size_t>(num_servers()));
     for (auto& [id, ks] : states) {
       const key_record& rec = *lookup(id);
       for (auto& s : rec.slices) {

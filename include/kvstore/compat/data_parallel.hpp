@@ -66,20 +66,23 @@ class DataParallelTable {
     buffer p = as_buffer(std::forward<P>(params));
     buffer g = as_buffer(std::forward<G>(grads));
     if (size_of(p) != size_of(g))
-      throw error(errc::size_mismatch, "kvstore: DataParallelTable::add: replica " + std::to_string(params_.size()) +
-                                           " has " + std::to_string(size_of(p)) + " parameters and " +
+      throw error(errc::size_mismatch, "kvstore: DataParallelTable::add: replica " +
+                                           std::to_string(params_.size()) + " has " +
+                                           std::to_string(size_of(p)) + " parameters and " +
                                            std::to_string(size_of(g)) + " gradients");
     if (!params_.empty() && size_of(p) != size_of(params_.front()))
-      throw error(errc::size_mismatch, "kvstore: DataParallelTable::add: replica " + std::to_string(params_.size()) +
-                                           " has " + std::to_string(size_of(p)) + " parameters, the primary " +
-                                           std::to_string(size_of(params_.front())));
+      throw error(errc::size_mismatch,
+                  "kvstore: DataParallelTable::add: replica " + std::to_string(params_.size()) +
+                      " has " + std::to_string(size_of(p)) + " parameters, the primary " +
+                      std::to_string(size_of(params_.front())));
     if constexpr (traits::on_device) {
       for (const auto* b : {&p, &g}) {
         const auto& ds = store_->devices();
         if (std::find(ds.begin(), ds.end(), b->device) == ds.end())
           throw error(errc::invalid_argument, "kvstore: DataParallelTable::add: replica " +
-                                                  std::to_string(params_.size()) + " is on device " +
-                                                  std::to_string(b->device) + ", not one of the store's");
+                                                  std::to_string(params_.size()) +
+                                                  " is on device " + std::to_string(b->device) +
+                                                  ", not one of the store's");
       }
     }
     if (params_.empty()) {
@@ -96,8 +99,9 @@ class DataParallelTable {
   /// Throws kvstore::error(invalid_argument) for splits < 1 or index outside [0, splits).
   static std::pair<std::size_t, std::size_t> slice_range(std::size_t n, int index, int splits) {
     if (splits < 1 || index < 0 || index >= splits)
-      throw error(errc::invalid_argument, "kvstore: DataParallelTable::slice_range: part " + std::to_string(index) +
-                                              " of " + std::to_string(splits));
+      throw error(errc::invalid_argument, "kvstore: DataParallelTable::slice_range: part " +
+                                              std::to_string(index) + " of " +
+                                              std::to_string(splits));
     const auto s = static_cast<std::size_t>(splits), i = static_cast<std::size_t>(index);
     const std::size_t base = n / s, extra = n % s;
     return {i * base + std::min(i, extra), base + (i < extra ? 1 : 0)};
@@ -114,7 +118,8 @@ class DataParallelTable {
     std::vector<typename traits::const_buffer> in;
     for (auto& g : grads_) in.push_back(as_const(g));
     const std::vector<key> ks(in.size(), grads_key());
-    store_->push(std::span<const key>(ks), std::span<const typename traits::const_buffer>(in)).wait();
+    store_->push(std::span<const key>(ks), std::span<const typename traits::const_buffer>(in))
+        .wait();
     const key gk = grads_key();
     store_->pull(std::span<const key>(&gk, 1), std::span<const buffer>(&grads_.front(), 1)).wait();
     needs_sync_ = true;
@@ -125,10 +130,16 @@ class DataParallelTable {
     check_replicas("sync_parameters");
     const key pk = params_key();
     const typename traits::const_buffer primary = as_const(params_.front());
-    store_->push(std::span<const key>(&pk, 1), std::span<const typename traits::const_buffer>(&primary, 1)).wait();
+    store_
+        ->push(std::span<const key>(&pk, 1),
+               std::span<const typename traits::const_buffer>(&primary, 1))
+        .wait();
     if (params_.size() > 1) {
       const std::vector<key> ks(params_.size() - 1, pk);
-      store_->pull(std::span<const key>(ks), std::span<const buffer>(params_.data() + 1, params_.size() - 1)).wait();
+      store_
+          ->pull(std::span<const key>(ks),
+                 std::span<const buffer>(params_.data() + 1, params_.size() - 1))
+          .wait();
     }
     needs_sync_ = false;
   }
@@ -143,10 +154,12 @@ class DataParallelTable {
   template <class B>
   static buffer as_buffer(B&& b) {
     if constexpr (traits::on_device) {
-      static_assert(std::is_convertible_v<B, device_span<T>>, "DataParallelTable<KVStore<device>>: pass device_span<T>");
+      static_assert(std::is_convertible_v<B, device_span<T>>,
+                    "DataParallelTable<KVStore<device>>: pass device_span<T>");
       return device_span<T>(std::forward<B>(b));
     } else {
-      static_assert(std::is_convertible_v<B, std::span<T>>, "DataParallelTable<KVStore<local>>: pass std::span<T>");
+      static_assert(std::is_convertible_v<B, std::span<T>>,
+                    "DataParallelTable<KVStore<local>>: pass std::span<T>");
       return std::span<T>(std::forward<B>(b));
     }
   }
@@ -164,7 +177,8 @@ class DataParallelTable {
   }
   void check_replicas(const char* call) const {
     if (params_.empty())
-      throw error(errc::invalid_argument, std::string("kvstore: DataParallelTable::") + call + ": no replicas added");
+      throw error(errc::invalid_argument,
+                  std::string("kvstore: DataParallelTable::") + call + ": no replicas added");
   }
 
   Store* store_;

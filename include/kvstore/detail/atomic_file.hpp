@@ -7,9 +7,9 @@
 
 #include <boost/crc.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -49,8 +49,8 @@ class unique_fd {
 
 [[noreturn]] inline void throw_io_error(std::string_view what, const std::filesystem::path& p,
                                         int err) {
-  throw kvstore::error(errc::io_error, std::string(what) + " '" + p.string() +
-                                           "': " + errno_message(err));
+  throw kvstore::error(errc::io_error,
+                       std::string(what) + " '" + p.string() + "': " + errno_message(err));
 }
 
 /// Writes all of `bytes` to `fd`, retrying short writes and EINTR. Returns errno, 0 on success.
@@ -124,7 +124,8 @@ inline std::string read_file(const std::filesystem::path& path, std::string_view
   if (f.get() < 0) throw_io_error("cannot open", path, errno);
   struct ::stat st {};
   if (::fstat(f.get(), &st) != 0) throw_io_error("cannot stat", path, errno);
-  if (!S_ISREG(st.st_mode)) throw_io_error("cannot read", path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
+  if (!S_ISREG(st.st_mode))
+    throw_io_error("cannot read", path, S_ISDIR(st.st_mode) ? EISDIR : EINVAL);
   std::string out;
   char buf[1 << 16];
   auto read_some = [&](std::size_t most) {

@@ -20,7 +20,13 @@ inline bool log_info_enabled() {
 inline void log_line(std::string_view who, std::string_view level, std::string_view msg) {
   std::string line;
   line.reserve(who.size() + level.size() + msg.size() + 16);
-  line.append("kvstore ").append(who).append(" ").append(level).append(": ").append(msg).push_back('\n');
+  line.append("kvstore ")
+      .append(who)
+      .append(" ")
+      .append(level)
+      .append(": ")
+      .append(msg)
+      .push_back('\n');
   std::fwrite(line.data(), 1, line.size(), stderr);
   std::fflush(stderr);
 }

@@ -28,7 +28,9 @@ class device_buffer {
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
   device_buffer(device_buffer&& o) noexcept
-      : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)), device_(o.device_) {}
+      : ptr_(std::exchange(o.ptr_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
+        device_(o.device_) {}
   device_buffer& operator=(device_buffer&& o) noexcept {
     if (this != &o) {
       reset();

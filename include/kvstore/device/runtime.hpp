@@ -1,8 +1,8 @@
 // The few CUDA runtime calls the device store makes, behind one small shim. On a CUDA build
 // (nvcc, Thrust's CUDA backend) they are the runtime's; on the OMP build (g++, Thrust's OMP
 // backend) devices are virtual ordinals over host memory and every call is a plain host one:
-// copies are memcpy, and streams are ordered because all work on them runs at once. Every failure is a kvstore::error(errc::device_error) naming the call; the
-// store adds the key and device.
+// copies are memcpy, and streams are ordered because all work on them runs at once. Every failure
+// is a kvstore::error(errc::device_error) naming the call; the store adds the key and device.
 #pragma once
 
 #include <kvstore/device/span.hpp>
@@ -39,16 +39,15 @@ inline constexpr bool is_cuda = KVSTORE_DEVICE_CUDA != 0;
 inline constexpr int host_memory = -1;     ///< plain (or pinned) host memory
 inline constexpr int managed_memory = -2;  ///< CUDA managed memory: readable on any device
 
-[[noreturn]] inline void fail(const std::string& what) {
-  throw error(errc::device_error, what);
-}
+[[noreturn]] inline void fail(const std::string& what) { throw error(errc::device_error, what); }
 
 #if KVSTORE_DEVICE_CUDA
 
 inline void check(cudaError_t e, const char* call) {
   if (e != cudaSuccess) {
     (void)cudaGetLastError();  // clear a non-sticky error so the next call starts clean
-    fail(std::string(call) + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+    fail(std::string(call) + " failed: " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) +
+         ")");
   }
 }
 
@@ -196,9 +195,12 @@ inline int pointer_device(const void* p) {
     return host_memory;
   }
   switch (a.type) {
-    case cudaMemoryTypeDevice: return a.device;
-    case cudaMemoryTypeManaged: return managed_memory;
-    default: return host_memory;
+    case cudaMemoryTypeDevice:
+      return a.device;
+    case cudaMemoryTypeManaged:
+      return managed_memory;
+    default:
+      return host_memory;
   }
 }
 
@@ -227,7 +229,7 @@ inline allocation_table& allocations() {
 
 // Aligned like cudaMalloc (256 bytes), so vector loads behave as on a GPU.
 inline void* dev_malloc(int d, std::size_t bytes) {
-  void* p = ::operator new(bytes ? bytes : 1, std::align_val_t{256});
+  void* p = ::operator new (bytes ? bytes : 1, std::align_val_t{256});
   auto& t = allocations();
   std::lock_guard lk(t.m);
   const auto b = reinterpret_cast<std::uintptr_t>(p);
@@ -241,19 +243,19 @@ inline void dev_free(int, void* p) noexcept {
     std::lock_guard lk(t.m);
     t.by_start.erase(reinterpret_cast<std::uintptr_t>(p));
   }
-  ::operator delete(p, std::align_val_t{256});
+  ::operator delete (p, std::align_val_t{256});
 }
 inline void* dev_malloc_async(std::size_t bytes, stream_t) {
-  return ::operator new(bytes ? bytes : 1, std::align_val_t{256});
+  return ::operator new (bytes ? bytes : 1, std::align_val_t{256});
 }
 inline void dev_free_async(void* p, stream_t) {
-  if (p) ::operator delete(p, std::align_val_t{256});
+  if (p) ::operator delete (p, std::align_val_t{256});
 }
 inline void* pinned_malloc(std::size_t bytes) {
-  return ::operator new(bytes ? bytes : 1, std::align_val_t{256});
+  return ::operator new (bytes ? bytes : 1, std::align_val_t{256});
 }
 inline void pinned_free(void* p) noexcept {
-  if (p) ::operator delete(p, std::align_val_t{256});
+  if (p) ::operator delete (p, std::align_val_t{256});
 }
 
 inline std::pair<int, int> priority_range(int) { return {0, 0}; }

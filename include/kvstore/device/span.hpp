@@ -35,8 +35,8 @@ struct device_span {
 
   /// A read-only view of the same memory.
   template <class U = T>
-    requires(!std::is_const_v<U>)
-  operator device_span<const U>() const noexcept {  // NOLINT(google-explicit-constructor)
+  requires(!std::is_const_v<U>) operator device_span<const U>()
+      const noexcept {  // NOLINT(google-explicit-constructor)
     return {ptr, size, device, stream};
   }
   T* data() const noexcept { return ptr; }

@@ -28,7 +28,8 @@ class pinned_buffer {
   explicit pinned_buffer(std::size_t n) : size_(n) {
     if (n) ptr_ = static_cast<T*>(detail::rt::pinned_malloc(n * sizeof(T)));
   }
-  pinned_buffer(pinned_buffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  pinned_buffer(pinned_buffer&& o) noexcept
+      : ptr_(std::exchange(o.ptr_, nullptr)), size_(std::exchange(o.size_, 0)) {}
   pinned_buffer& operator=(pinned_buffer&& o) noexcept {
     std::swap(ptr_, o.ptr_);
     std::swap(size_, o.size_);
@@ -67,12 +68,14 @@ class device_staging {
   /// reduce::max_fused_inputs; inputs on devices without peer access are copied there first),
   /// copied into pinned host memory. The span stays valid until the next call.
   std::span<const T> gather(std::span<const device_span<const T>> srcs) {
-    if (srcs.empty()) throw error(errc::invalid_argument, "kvstore: device_staging::gather of no values");
+    if (srcs.empty())
+      throw error(errc::invalid_argument, "kvstore: device_staging::gather of no values");
     const std::size_t n = srcs[0].size;
     for (auto& s : srcs)
       if (s.size != n)
-        throw error(errc::invalid_argument, "kvstore: device_staging::gather: values of " + std::to_string(n) +
-                                                " and " + std::to_string(s.size) + " elements");
+        throw error(errc::invalid_argument, "kvstore: device_staging::gather: values of " +
+                                                std::to_string(n) + " and " +
+                                                std::to_string(s.size) + " elements");
     const int d = srcs[0].device;
     return on(d, [&] {
       auto s = stream(d);
@@ -98,8 +101,9 @@ class device_staging {
             p.push_back(dst);
           }
         }
-        reduce::fused_sum_update<T>(s, p.data(), static_cast<int>(p.size()), scratch_.data(), nullptr, nullptr,
-                                    scratch_.data() + n, n, reduce::device_update<T>{});
+        reduce::fused_sum_update<T>(s, p.data(), static_cast<int>(p.size()), scratch_.data(),
+                                    nullptr, nullptr, scratch_.data() + n, n,
+                                    reduce::device_update<T>{});
         detail::rt::copy_async(host_.data(), scratch_.data(), n * sizeof(T), s);
       }
       detail::rt::stream_sync(s);
@@ -111,8 +115,9 @@ class device_staging {
   void scatter(std::span<const T> host, std::span<const device_span<T>> dsts) {
     for (auto& x : dsts)
       if (x.size != host.size())
-        throw error(errc::invalid_argument, "kvstore: device_staging::scatter of " + std::to_string(host.size()) +
-                                                " elements into " + std::to_string(x.size));
+        throw error(errc::invalid_argument, "kvstore: device_staging::scatter of " +
+                                                std::to_string(host.size()) + " elements into " +
+                                                std::to_string(x.size));
     for (auto& x : dsts)
       on(x.device, [&] {
         detail::rt::device_guard g(x.device);
@@ -139,7 +144,8 @@ class device_staging {
     try {
       return f();
     } catch (const error& x) {
-      throw error(static_cast<errc>(x.code().value()), "kvstore: staging on device " + std::to_string(d) + ": " + x.what());
+      throw error(static_cast<errc>(x.code().value()),
+                  "kvstore: staging on device " + std::to_string(d) + ": " + x.what());
     }
   }
   static bool readable(int d, int src) {

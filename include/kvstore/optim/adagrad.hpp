@@ -29,8 +29,8 @@ struct adagrad {
   /// The per-element step with these parameters (shared with the device kernels).
   template <class T>
   kvstore::detail::adagrad_step<T> step() const {
-    return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient), static_cast<T>(learning_rate),
-            static_cast<T>(epsilon), static_cast<T>(weight_decay)};
+    return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient),
+            static_cast<T>(learning_rate), static_cast<T>(epsilon), static_cast<T>(weight_decay)};
   }
 
   /// Precondition: grad, weight and the slot have the same size (checked by the store).
@@ -46,7 +46,7 @@ struct adagrad {
 
   template <class Ar>
   void serialize(Ar& ar, unsigned /*version*/) {
-    ar & learning_rate & epsilon & weight_decay & rescale_grad & clip_gradient;
+    ar& learning_rate& epsilon& weight_decay& rescale_grad& clip_gradient;
   }
 };
 

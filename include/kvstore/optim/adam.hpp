@@ -37,9 +37,14 @@ struct adam {
     // do not lose it to float rounding.
     const double t = static_cast<double>(step == 0 ? 1 : step);
     return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient),
-            static_cast<T>(learning_rate * std::sqrt(1 - std::pow(beta2, t)) / (1 - std::pow(beta1, t))),
-            static_cast<T>(beta1), static_cast<T>(beta2), static_cast<T>(1 - beta1),
-            static_cast<T>(1 - beta2), static_cast<T>(epsilon), static_cast<T>(weight_decay)};
+            static_cast<T>(learning_rate * std::sqrt(1 - std::pow(beta2, t)) /
+                           (1 - std::pow(beta1, t))),
+            static_cast<T>(beta1),
+            static_cast<T>(beta2),
+            static_cast<T>(1 - beta1),
+            static_cast<T>(1 - beta2),
+            static_cast<T>(epsilon),
+            static_cast<T>(weight_decay)};
   }
 
   /// Precondition: grad, weight and both slots have the same size (checked by the store).
@@ -56,7 +61,7 @@ struct adam {
 
   template <class Ar>
   void serialize(Ar& ar, unsigned /*version*/) {
-    ar & learning_rate & beta1 & beta2 & epsilon & weight_decay & rescale_grad & clip_gradient;
+    ar& learning_rate& beta1& beta2& epsilon& weight_decay& rescale_grad& clip_gradient;
   }
 };
 

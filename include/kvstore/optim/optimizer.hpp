@@ -91,8 +91,7 @@ struct updater {
 
 /// Wraps a user callable (local mode).
 template <class T, class F>
-  requires callable_optimizer<F, T>
-updater<T> from_callable(F f) {
+requires callable_optimizer<F, T> updater<T> from_callable(F f) {
   updater<T> u;
   u.fn = [f = std::move(f)](const key& k, std::span<const T> g, std::span<T> w,
                             const slots_view<T>&) mutable { f(k, g, w); };

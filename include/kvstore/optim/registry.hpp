@@ -72,8 +72,8 @@ O deserialize_params(std::string_view name, std::string_view params) {
     boost::archive::text_iarchive ia(is, boost::archive::no_header);
     ia >> o;
   } catch (const std::exception& e) {
-    throw kvstore::error(errc::invalid_argument, "bad parameters for optimizer \"" +
-                                                     std::string(name) + "\": " + e.what());
+    throw kvstore::error(errc::invalid_argument,
+                         "bad parameters for optimizer \"" + std::string(name) + "\": " + e.what());
   }
   return o;
 }
@@ -138,9 +138,8 @@ bool register_optimizer() {
     return true;
   }
   if (it->second.type != std::type_index(typeid(O)))
-    throw kvstore::error(errc::invalid_argument,
-                         "optimizer name \"" + std::string(O::name) +
-                             "\" is already registered by another type");
+    throw kvstore::error(errc::invalid_argument, "optimizer name \"" + std::string(O::name) +
+                                                     "\" is already registered by another type");
   return true;
 }
 
@@ -185,7 +184,7 @@ updater<T> create_updater(std::string_view name, std::string_view params) {
 /// can rebuild it by name. Use at namespace scope, followed by a semicolon:
 ///   KVSTORE_REGISTER_OPTIMIZER(my::signsgd);
 /// Safe in headers and in several translation units (registration is idempotent).
-#define KVSTORE_REGISTER_OPTIMIZER(Type)                                          \
-  [[maybe_unused]] static const bool KVSTORE_DETAIL_CONCAT(                        \
+#define KVSTORE_REGISTER_OPTIMIZER(Type)                                             \
+  [[maybe_unused]] static const bool KVSTORE_DETAIL_CONCAT(                          \
       kvstore_registered_optimizer_, KVSTORE_DETAIL_CONCAT(__COUNTER__, __LINE__)) = \
       ::kvstore::optim::register_optimizer<Type>()

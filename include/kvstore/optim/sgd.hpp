@@ -29,8 +29,9 @@ struct sgd {
   /// The per-element step with these parameters (shared with the device kernels).
   template <class T>
   kvstore::detail::sgd_step<T> step() const {
-    return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient), static_cast<T>(learning_rate),
-            static_cast<T>(weight_decay), static_cast<T>(momentum), momentum > 0};
+    return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient),
+            static_cast<T>(learning_rate), static_cast<T>(weight_decay), static_cast<T>(momentum),
+            momentum > 0};
   }
 
   /// Precondition: grad.size() == weight.size() == s.slot[0].size() (checked by the store).
@@ -53,7 +54,7 @@ struct sgd {
 
   template <class Ar>
   void serialize(Ar& ar, unsigned /*version*/) {
-    ar & learning_rate & momentum & weight_decay & rescale_grad & clip_gradient;
+    ar& learning_rate& momentum& weight_decay& rescale_grad& clip_gradient;
   }
 };
 

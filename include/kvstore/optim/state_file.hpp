@@ -48,18 +48,18 @@ struct key_state {
 
   template <class Ar>
   void save(Ar& ar, unsigned /*version*/) const {
-    ar & name & st;
+    ar& name& st;
   }
   template <class Ar>
   void load(Ar& ar, unsigned /*version*/) {
     // The name as Boost stores a std::string (length, then bytes), read by hand so a corrupt
     // length is refused instead of allocated (found by fuzz/fuzz_state_file.cpp).
     std::size_t n = 0;
-    ar & n;
+    ar& n;
     kvstore::detail::check_decodable(n, "key name");
     name.resize(n);
     if (n) ar.load_binary(name.data(), n);
-    ar & st;
+    ar& st;
   }
   BOOST_SERIALIZATION_SPLIT_MEMBER()
 };
@@ -124,8 +124,8 @@ void save_states(const std::filesystem::path& path, std::string_view optimizer_n
                  const std::map<std::uint64_t, key_state<T>>& states) {
   static_assert(std::is_arithmetic_v<T>, "optimizer states hold arithmetic elements");
   if (optimizer_name.size() > kvstore::detail::state_file_max_name)
-    throw kvstore::error(errc::invalid_argument, "optimizer state file '" + path.string() +
-                                                     "': optimizer name too long");
+    throw kvstore::error(errc::invalid_argument,
+                         "optimizer state file '" + path.string() + "': optimizer name too long");
   std::stringbuf payload_buf;
   {
     boost::archive::binary_oarchive oa(payload_buf);
@@ -157,7 +157,8 @@ std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
                                                    std::string_view source = "<memory>") {
   static_assert(std::is_arithmetic_v<T>, "optimizer states hold arithmetic elements");
   auto bad = [&](const std::string& what) {
-    return kvstore::error(errc::bad_file, "optimizer state file '" + std::string(source) + "': " + what);
+    return kvstore::error(errc::bad_file,
+                          "optimizer state file '" + std::string(source) + "': " + what);
   };
   kvstore::detail::byte_reader r{bytes};
   std::string_view magic;
@@ -191,8 +192,8 @@ std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
   std::uint32_t crc = 0;
   if (!r.get_le(payload_len) || !r.get_le(crc)) throw bad("truncated header");
   if (r.rest.size() < payload_len)
-    throw bad("truncated: " + std::to_string(r.rest.size()) + " of " +
-              std::to_string(payload_len) + " payload bytes");
+    throw bad("truncated: " + std::to_string(r.rest.size()) + " of " + std::to_string(payload_len) +
+              " payload bytes");
   if (r.rest.size() > payload_len) throw bad("unexpected bytes after the payload");
   if (kvstore::detail::checksum(r.rest) != crc) throw bad("checksum mismatch (corrupt file)");
 
@@ -202,7 +203,8 @@ std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
     std::string sig;
     kvstore::detail::put_le<std::uint64_t>(sig, 22);
     sig += "serialization::archive";
-    if (r.rest.substr(0, sig.size()) != sig) throw bad("cannot decode the payload: not a Boost binary archive");
+    if (r.rest.substr(0, sig.size()) != sig)
+      throw bad("cannot decode the payload: not a Boost binary archive");
   }
   std::map<std::uint64_t, key_state<T>> states;
   try {

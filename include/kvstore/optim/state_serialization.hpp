@@ -25,8 +25,9 @@ inline void check_decodable(std::uint64_t bytes, const char* what) {
   if (!src) return;
   const std::streamsize left = src->in_avail();
   if (left < 0 || bytes > static_cast<std::uint64_t>(left))
-    throw std::length_error(std::string(what) + " of " + std::to_string(bytes) + " bytes in a payload with " +
-                            std::to_string(left < 0 ? 0 : left) + " left");
+    throw std::length_error(std::string(what) + " of " + std::to_string(bytes) +
+                            " bytes in a payload with " + std::to_string(left < 0 ? 0 : left) +
+                            " left");
 }
 }  // namespace kvstore::detail
 
@@ -40,30 +41,30 @@ namespace kvstore::optim {
 template <class Ar, class T>
 void save(Ar& ar, const state<T>& s, unsigned /*version*/) {
   const std::uint64_t nslots = s.slots.size();
-  ar & s.step & nslots;
+  ar& s.step& nslots;
   for (const auto& sl : s.slots) {
     const std::uint64_t n = sl.size();
-    ar & n;
-    if (n) ar & boost::serialization::make_binary_object(const_cast<T*>(sl.data()), n * sizeof(T));
+    ar& n;
+    if (n) ar& boost::serialization::make_binary_object(const_cast<T*>(sl.data()), n * sizeof(T));
   }
 }
 
 template <class Ar, class T>
 void load(Ar& ar, state<T>& s, unsigned /*version*/) {
   std::uint64_t step = 0, nslots = 0;
-  ar & step & nslots;
+  ar& step& nslots;
   if (nslots > static_cast<std::uint64_t>(max_slots))
     throw std::length_error("optimizer state with " + std::to_string(nslots) + " slots, at most " +
                             std::to_string(max_slots) + " exist");
   std::vector<std::vector<T>> slots(static_cast<std::size_t>(nslots));
   for (auto& sl : slots) {
     std::uint64_t n = 0;
-    ar & n;
+    ar& n;
     if (n > std::numeric_limits<std::size_t>::max() / sizeof(T))
       throw std::length_error("optimizer state slot of " + std::to_string(n) + " elements");
     kvstore::detail::check_decodable(n * sizeof(T), "optimizer state slot");
     sl.resize(static_cast<std::size_t>(n));
-    if (n) ar & boost::serialization::make_binary_object(sl.data(), n * sizeof(T));
+    if (n) ar& boost::serialization::make_binary_object(sl.data(), n * sizeof(T));
   }
   s.step = step;
   s.slots = std::move(slots);

@@ -65,8 +65,7 @@ void add4(T* __restrict d, const T* __restrict a, const T* __restrict b, const T
           const T* __restrict e, std::size_t n) {
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes)
-    for (std::size_t j = 0; j < lanes; ++j)
-      d[i + j] = a[i + j] + b[i + j] + c[i + j] + e[i + j];
+    for (std::size_t j = 0; j < lanes; ++j) d[i + j] = a[i + j] + b[i + j] + c[i + j] + e[i + j];
   for (; i < n; ++i) d[i] = a[i] + b[i] + c[i] + e[i];
 }
 
@@ -92,8 +91,7 @@ void acc3(T* __restrict d, const T* __restrict a, const T* __restrict b, const T
           std::size_t n) {
   std::size_t i = 0;
   for (; i + lanes <= n; i += lanes)
-    for (std::size_t j = 0; j < lanes; ++j)
-      d[i + j] = d[i + j] + a[i + j] + b[i + j] + c[i + j];
+    for (std::size_t j = 0; j < lanes; ++j) d[i + j] = d[i + j] + a[i + j] + b[i + j] + c[i + j];
   for (; i < n; ++i) d[i] = d[i] + a[i] + b[i] + c[i];
 }
 
@@ -103,12 +101,23 @@ void sum_range(T* d, std::span<const std::span<const T>> s, std::size_t b, std::
   const std::size_t k = s.size();
   auto p = [&](std::size_t i, std::size_t at) { return s[i].data() + at; };
   switch (k) {
-    case 0: std::fill(d + b, d + e, T{}); return;
-    case 1: copy1(d + b, p(0, b), e - b); return;
-    case 2: add2(d + b, p(0, b), p(1, b), e - b); return;
-    case 3: add3(d + b, p(0, b), p(1, b), p(2, b), e - b); return;
-    case 4: add4(d + b, p(0, b), p(1, b), p(2, b), p(3, b), e - b); return;
-    default: break;
+    case 0:
+      std::fill(d + b, d + e, T{});
+      return;
+    case 1:
+      copy1(d + b, p(0, b), e - b);
+      return;
+    case 2:
+      add2(d + b, p(0, b), p(1, b), e - b);
+      return;
+    case 3:
+      add3(d + b, p(0, b), p(1, b), p(2, b), e - b);
+      return;
+    case 4:
+      add4(d + b, p(0, b), p(1, b), p(2, b), p(3, b), e - b);
+      return;
+    default:
+      break;
   }
   // k > 4: per block, the first four inputs make the block, the rest fold into it while it is
   // still in cache.
@@ -118,8 +127,10 @@ void sum_range(T* d, std::span<const std::span<const T>> s, std::size_t b, std::
     add4(db, p(0, at), p(1, at), p(2, at), p(3, at), n);
     std::size_t i = 4;
     for (; i + 3 <= k; i += 3) acc3(db, p(i, at), p(i + 1, at), p(i + 2, at), n);
-    if (k - i == 2) acc2(db, p(i, at), p(i + 1, at), n);
-    else if (k - i == 1) acc1(db, p(i, at), n);
+    if (k - i == 2)
+      acc2(db, p(i, at), p(i + 1, at), n);
+    else if (k - i == 1)
+      acc1(db, p(i, at), n);
   }
 }
 
@@ -148,8 +159,7 @@ void sum_into(std::span<T> dst, std::span<const std::span<const T>> srcs) {
 /// the executor's threads and the calling thread (the engine's parallel_for is safe from inside a
 /// task).
 template <class T, executor Executor>
-void sum_into(Executor& eng, std::span<T> dst,
-              std::span<const std::span<const T>> srcs,
+void sum_into(Executor& eng, std::span<T> dst, std::span<const std::span<const T>> srcs,
               std::size_t parallel_min = std::size_t{1} << 16) {
   detail::check_sizes(dst, srcs);
   const std::size_t n = dst.size();

@@ -79,7 +79,7 @@ struct fused_fn {
     KVSTORE_UNROLL
     for (int j = 1; j < K; ++j) {
       const P x = reinterpret_cast<const P*>(src[j])[i];
-    KVSTORE_UNROLL
+      KVSTORE_UNROLL
       for (int l = 0; l < V; ++l) g.v[l] = g.v[l] + x.v[l];
     }
     P wv = reinterpret_cast<const P*>(w)[i];
@@ -153,7 +153,8 @@ template <class F>
 void launch(kvstore::detail::rt::stream_t s, std::size_t n, const F& f) {
   if (n == 0) return;
 #if KVSTORE_DEVICE_CUDA
-  const std::size_t blocks = std::min<std::size_t>((n + block_threads - 1) / block_threads, std::size_t{1} << 30);
+  const std::size_t blocks =
+      std::min<std::size_t>((n + block_threads - 1) / block_threads, std::size_t{1} << 30);
   for_each_kernel<<<static_cast<unsigned>(blocks), block_threads, 0, s>>>(f, n);
   kvstore::detail::rt::check_launch("kernel launch");
 #else
@@ -169,8 +170,8 @@ void launch(kvstore::detail::rt::stream_t s, std::size_t n, const F& f) {
 }
 
 template <class T, int K, class Op>
-void fused_k(kvstore::detail::rt::stream_t s, const T* const* src, T* w, T* s0, T* s1, std::size_t n,
-             const Op& op) {
+void fused_k(kvstore::detail::rt::stream_t s, const T* const* src, T* w, T* s0, T* s1,
+             std::size_t n, const Op& op) {
   constexpr int V = kvstore::detail::rt::is_cuda ? int(16 / sizeof(T)) : 1;
   bool aligned = V > 1;
   auto al = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
@@ -195,15 +196,24 @@ template <class T, class Op>
 void fused_dispatch(kvstore::detail::rt::stream_t s, const T* const* src, int k, T* w, T* s0, T* s1,
                     std::size_t n, const Op& op) {
   switch (k) {
-    case 1: return fused_k<T, 1>(s, src, w, s0, s1, n, op);
-    case 2: return fused_k<T, 2>(s, src, w, s0, s1, n, op);
-    case 3: return fused_k<T, 3>(s, src, w, s0, s1, n, op);
-    case 4: return fused_k<T, 4>(s, src, w, s0, s1, n, op);
-    case 5: return fused_k<T, 5>(s, src, w, s0, s1, n, op);
-    case 6: return fused_k<T, 6>(s, src, w, s0, s1, n, op);
-    case 7: return fused_k<T, 7>(s, src, w, s0, s1, n, op);
-    case 8: return fused_k<T, 8>(s, src, w, s0, s1, n, op);
-    default: break;
+    case 1:
+      return fused_k<T, 1>(s, src, w, s0, s1, n, op);
+    case 2:
+      return fused_k<T, 2>(s, src, w, s0, s1, n, op);
+    case 3:
+      return fused_k<T, 3>(s, src, w, s0, s1, n, op);
+    case 4:
+      return fused_k<T, 4>(s, src, w, s0, s1, n, op);
+    case 5:
+      return fused_k<T, 5>(s, src, w, s0, s1, n, op);
+    case 6:
+      return fused_k<T, 6>(s, src, w, s0, s1, n, op);
+    case 7:
+      return fused_k<T, 7>(s, src, w, s0, s1, n, op);
+    case 8:
+      return fused_k<T, 8>(s, src, w, s0, s1, n, op);
+    default:
+      break;
   }
 }
 
@@ -215,20 +225,27 @@ template <class T>
 struct device_update {
   enum kind_t { store, sgd, adam, adagrad } kind = store;
   kvstore::detail::sgd_step<T> sgd_st{kvstore::detail::grad_prep<T>(1, -1), T{}, T{}, T{}, false};
-  kvstore::detail::adam_step<T> adam_st{kvstore::detail::grad_prep<T>(1, -1), T{}, T{}, T{}, T{}, T{}, T{}, T{}};
+  kvstore::detail::adam_step<T> adam_st{
+      kvstore::detail::grad_prep<T>(1, -1), T{}, T{}, T{}, T{}, T{}, T{}, T{}};
   kvstore::detail::adagrad_step<T> adagrad_st{kvstore::detail::grad_prep<T>(1, -1), T{}, T{}, T{}};
   /// Optimizer slots the kind reads and writes.
-  int slots() const noexcept { return kind == adam ? 2 : kind == store ? 0 : (kind == sgd && !sgd_st.momentum ? 0 : 1); }
+  int slots() const noexcept {
+    return kind == adam ? 2 : kind == store ? 0 : (kind == sgd && !sgd_st.momentum ? 0 : 1);
+  }
 };
 
 namespace device_detail {
 template <class T, class F>
 void with_op(const device_update<T>& u, F&& f) {
   switch (u.kind) {
-    case device_update<T>::store: return f(store_op<T>{});
-    case device_update<T>::sgd: return f(sgd_op<T>{u.sgd_st});
-    case device_update<T>::adam: return f(adam_op<T>{u.adam_st});
-    case device_update<T>::adagrad: return f(adagrad_op<T>{u.adagrad_st});
+    case device_update<T>::store:
+      return f(store_op<T>{});
+    case device_update<T>::sgd:
+      return f(sgd_op<T>{u.sgd_st});
+    case device_update<T>::adam:
+      return f(adam_op<T>{u.adam_st});
+    case device_update<T>::adagrad:
+      return f(adagrad_op<T>{u.adagrad_st});
   }
 }
 }  // namespace device_detail
@@ -238,8 +255,8 @@ void with_op(const device_update<T>& u, F&& f) {
 /// u stores) by earlier passes, the last pass applying u. Every pointer must be readable by the
 /// stream's device; `w` (and slots) must not overlap the inputs.
 template <class T>
-void fused_sum_update(kvstore::detail::rt::stream_t s, const T* const* src, int k, T* w, T* s0, T* s1,
-                      T* partial, std::size_t n, const device_update<T>& u) {
+void fused_sum_update(kvstore::detail::rt::stream_t s, const T* const* src, int k, T* w, T* s0,
+                      T* s1, T* partial, std::size_t n, const device_update<T>& u) {
   using namespace device_detail;
   if (k <= max_fused_inputs) {
     with_op(u, [&](const auto& op) { fused_dispatch<T>(s, src, k, w, s0, s1, n, op); });
@@ -265,8 +282,8 @@ void fused_sum_update(kvstore::detail::rt::stream_t s, const T* const* src, int 
 /// by u to that row of w. All arrays readable by the stream's device.
 template <class T>
 void rows_update(kvstore::detail::rt::stream_t s, const T* values, const std::int64_t* urow,
-                 const std::uint64_t* off, const std::uint64_t* idx, std::size_t nunique, std::size_t rl,
-                 T* w, T* s0, T* s1, const device_update<T>& u) {
+                 const std::uint64_t* off, const std::uint64_t* idx, std::size_t nunique,
+                 std::size_t rl, T* w, T* s0, T* s1, const device_update<T>& u) {
   using namespace device_detail;
   with_op(u, [&](const auto& op) {
     using Op = std::decay_t<decltype(op)>;
@@ -276,8 +293,8 @@ void rows_update(kvstore::detail::rt::stream_t s, const T* values, const std::in
 
 /// On stream s: out (nrows * rl elements) = rows `rows` of w.
 template <class T>
-void gather_rows(kvstore::detail::rt::stream_t s, const T* w, const std::int64_t* rows, std::size_t nrows,
-                 std::size_t rl, T* out) {
+void gather_rows(kvstore::detail::rt::stream_t s, const T* w, const std::int64_t* rows,
+                 std::size_t nrows, std::size_t rl, T* out) {
   device_detail::launch(s, nrows * rl, device_detail::gather_fn<T>{w, rows, rl, out});
 }
 

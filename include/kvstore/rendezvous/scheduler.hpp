@@ -4,8 +4,8 @@
 #pragma once
 
 #include <kvstore/detail/log.hpp>
-#include <kvstore/options.hpp>
 #include <kvstore/node.hpp>
+#include <kvstore/options.hpp>
 #include <kvstore/transport/connection.hpp>
 #include <kvstore/transport/node_base.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -25,8 +25,9 @@ class scheduler final : public transport::node_base {
   /// Binds the listening socket at once (port 0 picks a free port; see port()).
   /// Throws kvstore::error(unreachable) when the address cannot be bound.
   explicit scheduler(dist_options o)
-      : node_base("scheduler", accept_rules_of(o), host_of(o), o.scheduler_port, true,
-                  "scheduler cannot listen on " + host_of(o) + ":" + std::to_string(o.scheduler_port)),
+      : node_base(
+            "scheduler", accept_rules_of(o), host_of(o), o.scheduler_port, true,
+            "scheduler cannot listen on " + host_of(o) + ":" + std::to_string(o.scheduler_port)),
         opts_(std::move(o)) {
     id_ = detail::scheduler_id;
     const std::string host = host_of(opts_);
@@ -57,7 +58,8 @@ class scheduler final : public transport::node_base {
  private:
   static std::string host_of(const dist_options& o) {
     std::string host = transport::bind_host(o.bind_host, o.token);
-    if (o.bind_host.empty() && o.token.empty() && o.scheduler_host != "127.0.0.1" && o.scheduler_host != "localhost")
+    if (o.bind_host.empty() && o.token.empty() && o.scheduler_host != "127.0.0.1" &&
+        o.scheduler_host != "localhost")
       host = "0.0.0.0";  // a cluster's scheduler must be reachable; without a token we warn
     return host;
   }
@@ -92,12 +94,14 @@ class scheduler final : public transport::node_base {
   }
 
   void tick() {
-    timer_.expires_after(std::min<std::chrono::milliseconds>(opts_.heartbeat_interval, std::chrono::milliseconds(250)));
+    timer_.expires_after(std::min<std::chrono::milliseconds>(opts_.heartbeat_interval,
+                                                             std::chrono::milliseconds(250)));
     timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || done_) return;
       auto now = clock::now();
       if (!gathered_ && now - start_ > opts_.connect_timeout) {
-        failure_ = "the job did not gather within " + std::to_string(opts_.connect_timeout.count()) +
+        failure_ = "the job did not gather within " +
+                   std::to_string(opts_.connect_timeout.count()) +
                    " ms: " + std::to_string(count(role::server)) + " of " +
                    std::to_string(opts_.num_servers) + " servers and " +
                    std::to_string(count(role::worker)) + " of " +
@@ -109,7 +113,8 @@ class scheduler final : public transport::node_base {
       if (gathered_) {
         for (auto& n : nodes_) {
           if (!n.dead && !n.bye && now - n.last_heard > opts_.dead_timeout)
-            mark_dead(n, "not heard from for " + std::to_string(opts_.dead_timeout.count()) + " ms");
+            mark_dead(n,
+                      "not heard from for " + std::to_string(opts_.dead_timeout.count()) + " ms");
         }
       }
       tick();
@@ -141,7 +146,8 @@ class scheduler final : public transport::node_base {
       detail::log_warn("scheduler", detail::node_name(n->id) + " is heard from again");
     }
     switch (h.command) {
-      case wire::cmd::heartbeat: return;
+      case wire::cmd::heartbeat:
+        return;
       case wire::cmd::barrier:
         if (n->r != role::worker) throw error(errc::protocol, "barrier from a non-worker");
         barrier_.emplace_back(n->id, h.req_id);
@@ -170,7 +176,8 @@ class scheduler final : public transport::node_base {
         check_barrier();
         return check_end();
       default:
-        throw error(errc::protocol, "unexpected command " + std::to_string(static_cast<int>(h.command)) +
+        throw error(errc::protocol, "unexpected command " +
+                                        std::to_string(static_cast<int>(h.command)) +
                                         " at the scheduler");
     }
   }
@@ -230,15 +237,17 @@ class scheduler final : public transport::node_base {
         taken[static_cast<std::size_t>(next)] = true;
       }
       for (auto& n : nodes_)
-        if (n.r == r) n.id = r == role::server ? detail::server_id(n.rank) : detail::worker_id(n.rank);
+        if (n.r == r)
+          n.id = r == role::server ? detail::server_id(n.rank) : detail::worker_id(n.rank);
     }
     const std::string book = address_book();
     // Servers first: a worker connects to them as soon as it has the book.
     for (role r : {role::server, role::worker})
       for (auto& n : nodes_)
         if (n.r == r) send_book(n, book, reg_req_[n.conn.get()]);
-    detail::log_info("scheduler", "job gathered: " + std::to_string(opts_.num_servers) + " servers, " +
-                                      std::to_string(opts_.num_workers) + " workers");
+    detail::log_info("scheduler", "job gathered: " + std::to_string(opts_.num_servers) +
+                                      " servers, " + std::to_string(opts_.num_workers) +
+                                      " workers");
   }
 
   std::string address_book() const {
@@ -246,7 +255,8 @@ class scheduler final : public transport::node_base {
     b.num_workers = opts_.num_workers;
     b.servers.resize(static_cast<std::size_t>(opts_.num_servers));
     for (auto& n : nodes_)
-      if (n.r == role::server) b.servers[static_cast<std::size_t>(n.rank)] = {n.rank, n.id, n.host, n.port};
+      if (n.r == role::server)
+        b.servers[static_cast<std::size_t>(n.rank)] = {n.rank, n.id, n.host, n.port};
     return wire::encode_address_book(b);
   }
 
@@ -293,12 +303,15 @@ class scheduler final : public transport::node_base {
     int live = 0;
     for (auto& n : nodes_) {
       if (n.r != role::worker || n.left) continue;
-      if (n.dead) dead += (dead.empty() ? "" : ", ") + detail::node_name(n.id);
-      else ++live;
+      if (n.dead)
+        dead += (dead.empty() ? "" : ", ") + detail::node_name(n.id);
+      else
+        ++live;
     }
     if (!dead.empty()) {
       for (auto& [id, req] : barrier_)
-        if (auto* n = by_id(id)) reply(n->conn, req, errc::node_dead, "barrier cannot complete: " + dead + " died");
+        if (auto* n = by_id(id))
+          reply(n->conn, req, errc::node_dead, "barrier cannot complete: " + dead + " died");
       barrier_.clear();
       return;
     }
@@ -373,7 +386,8 @@ class scheduler final : public transport::node_base {
   void on_close(transport::connection& c, const std::string& reason) override {
     for (auto it = pending_.begin(); it != pending_.end(); ++it)
       if (it->get() == &c) {
-        if (reason != "job over") detail::log_warn("scheduler", "dropped connection from " + c.remote() + ": " + reason);
+        if (reason != "job over")
+          detail::log_warn("scheduler", "dropped connection from " + c.remote() + ": " + reason);
         pending_.erase(it);
         return;
       }
@@ -381,7 +395,8 @@ class scheduler final : public transport::node_base {
     if (!n || done_) return;
     if (!gathered_) {
       // A node that leaves before the job gathered simply is not part of it.
-      detail::log_warn("scheduler", std::string("a ") + detail::role_name(n->r) + " left before the job gathered: " + reason);
+      detail::log_warn("scheduler", std::string("a ") + detail::role_name(n->r) +
+                                        " left before the job gathered: " + reason);
       for (auto it = nodes_.begin(); it != nodes_.end(); ++it)
         if (&*it == n) {
           nodes_.erase(it);

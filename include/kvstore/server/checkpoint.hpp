@@ -1,6 +1,7 @@
 // Where a server's snapshot lives and how it reaches the disk: one file per server rank in the
 // checkpoint directory, written atomically (temp file, fsync, rename, fsync of the directory) and
-// read whole. The bytes are wire/snapshot.hpp's; what the shard puts in them, server/snapshots.hpp's.
+// read whole. The bytes are wire/snapshot.hpp's; what the shard puts in them,
+// server/snapshots.hpp's.
 #pragma once
 
 #include <kvstore/detail/atomic_file.hpp>

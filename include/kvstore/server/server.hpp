@@ -38,8 +38,8 @@ struct connection_port {
     h.status = static_cast<std::uint32_t>(status);
     send(h, {}, {}, std::move(msg));
   }
-  void send(const wire::header& h, std::span<const std::byte> payload, std::shared_ptr<const void> keep,
-            std::string meta = {}) const {
+  void send(const wire::header& h, std::span<const std::byte> payload,
+            std::shared_ptr<const void> keep, std::string meta = {}) const {
     auto c = conn.lock();
     if (!c) return;
     transport::out_frame f;
@@ -64,15 +64,18 @@ class server final : public transport::node_base {
 
   /// Binds the listening socket at once. Throws kvstore::error(unreachable) when it cannot.
   explicit server(dist_options o)
-      : node_base("server", accept_rules_of(o), transport::bind_host(o.bind_host, o.token), 0, false,
-                  "server cannot listen on " + transport::bind_host(o.bind_host, o.token)),
+      : node_base("server", accept_rules_of(o), transport::bind_host(o.bind_host, o.token), 0,
+                  false, "server cannot listen on " + transport::bind_host(o.bind_host, o.token)),
         opts_(std::move(o)),
         shard_(shard_config_of(opts_), [this](bool important) { snapshots_.changed(important); }),
-        snapshots_(shard_, {opts_.checkpoint_dir, opts_.checkpoint_interval, opts_.checkpoint_rounds}) {
+        snapshots_(shard_,
+                   {opts_.checkpoint_dir, opts_.checkpoint_interval, opts_.checkpoint_rounds}) {
     const std::string host = transport::bind_host(opts_.bind_host, opts_.token);
     transport::tls_context(opts_.security(false));  // a bad TLS file is an error now, not later
-    advertise_ = opts_.advertise_host.empty() ? (host == "0.0.0.0" ? std::string() : host) : opts_.advertise_host;
-    if (opts_.token.empty() && host != "127.0.0.1") detail::log_warn("server", "no KVSTORE_TOKEN set but listening on " + host);
+    advertise_ = opts_.advertise_host.empty() ? (host == "0.0.0.0" ? std::string() : host)
+                                              : opts_.advertise_host;
+    if (opts_.token.empty() && host != "127.0.0.1")
+      detail::log_warn("server", "no KVSTORE_TOKEN set but listening on " + host);
   }
 
   /// Registers the hook for send_command_to_servers (call before run()).
@@ -87,10 +90,12 @@ class server final : public transport::node_base {
     snapshots_.restore(opts_.rank_hint, opts_.num_workers);
     // The scheduler honours a valid rank hint; take it now, so a worker's frame that overtakes the
     // address book (separate connections, one io thread) already sees this server's identity.
-    if (opts_.rank_hint >= 0 && opts_.rank_hint < opts_.num_servers) identify(detail::server_id(opts_.rank_hint), opts_.rank_hint);
-    auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port, opts_.connect_timeout,
-                                              "the scheduler");
-    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits(), opts_.security(false));
+    if (opts_.rank_hint >= 0 && opts_.rank_hint < opts_.num_servers)
+      identify(detail::server_id(opts_.rank_hint), opts_.rank_hint);
+    auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
+                                              opts_.connect_timeout, "the scheduler");
+    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits(),
+                                                     opts_.security(false));
     sched_->start();
     transport::out_frame reg;
     reg.h.command = wire::cmd::reg;
@@ -173,8 +178,8 @@ class server final : public transport::node_base {
     if (c.peer_id < 0) {
       if (h.command != wire::cmd::hello) throw error(errc::protocol, "first frame must be hello");
       if (h.aux >= static_cast<std::uint64_t>(opts_.num_workers))
-        throw error(errc::protocol, "hello from worker rank " + std::to_string(h.aux) + " but the job has " +
-                                        std::to_string(opts_.num_workers));
+        throw error(errc::protocol, "hello from worker rank " + std::to_string(h.aux) +
+                                        " but the job has " + std::to_string(opts_.num_workers));
       c.peer_rank = static_cast<int>(h.aux);
       c.peer_id = detail::worker_id(c.peer_rank);
       c.peer_role = static_cast<int>(role::worker);
@@ -197,17 +202,22 @@ class server final : public transport::node_base {
       case wire::cmd::response:
         if (h.status != 0) return finish("the scheduler refused this server: " + meta);
         return;
-      case wire::cmd::shutdown: return finish("");
-      case wire::cmd::node_dead: return worker_gone(static_cast<int>(h.key), "died (" + meta + ")");
-      case wire::cmd::leave: return worker_left(static_cast<int>(h.aux));
-      default: return;
+      case wire::cmd::shutdown:
+        return finish("");
+      case wire::cmd::node_dead:
+        return worker_gone(static_cast<int>(h.key), "died (" + meta + ")");
+      case wire::cmd::leave:
+        return worker_left(static_cast<int>(h.aux));
+      default:
+        return;
     }
   }
 
   void handle(transport::connection& c, const wire::header& h, std::string_view meta,
               std::span<const std::byte> payload) {
     switch (h.command) {
-      case wire::cmd::command: return do_command(c, h, meta);
+      case wire::cmd::command:
+        return do_command(c, h, meta);
       case wire::cmd::leave:
         reply(c, h.req_id, errc::ok, {});
         return worker_left(c.peer_rank);
@@ -216,23 +226,27 @@ class server final : public transport::node_base {
         c.said_bye = true;
         reply(c, h.req_id, errc::ok, {});
         return worker_left(c.peer_rank);
-      case wire::cmd::heartbeat: return;
+      case wire::cmd::heartbeat:
+        return;
       case wire::cmd::checkpoint:
         snapshots_.save();
         return reply(c, h.req_id, errc::ok, {});
-      default: return shard_.handle(c.peer_rank, port_type{c.weak_from_this(), &id_}, h, meta, payload);
+      default:
+        return shard_.handle(c.peer_rank, port_type{c.weak_from_this(), &id_}, h, meta, payload);
     }
   }
 
   void do_command(transport::connection& c, const wire::header& h, std::string_view meta) {
-    if (!on_command_) throw error(errc::unsupported, who_ + " has no command handler (server::on_command)");
+    if (!on_command_)
+      throw error(errc::unsupported, who_ + " has no command handler (server::on_command)");
     try {
       on_command_(static_cast<int>(static_cast<std::int64_t>(h.key)), meta);
     } catch (const error&) {
       throw;
     } catch (const std::exception& e) {
-      throw error(errc::server_error,
-                  who_ + ": command " + std::to_string(static_cast<std::int64_t>(h.key)) + " failed: " + e.what());
+      throw error(errc::server_error, who_ + ": command " +
+                                          std::to_string(static_cast<std::int64_t>(h.key)) +
+                                          " failed: " + e.what());
     }
     reply(c, h.req_id, errc::ok, {});
   }
@@ -242,7 +256,8 @@ class server final : public transport::node_base {
     if (id < 9 || id % 2 == 0) return;  // only workers matter to a server's rounds
     const int rank = (id - 9) / 2;
     if (shard_.has_left(rank) || shard_.is_dead(rank)) return;
-    const std::string msg = "worker " + std::to_string(rank) + " (node " + std::to_string(id) + ") " + why;
+    const std::string msg =
+        "worker " + std::to_string(rank) + " (node " + std::to_string(id) + ") " + why;
     if (opts_.on_worker_death == worker_death::leave_group) {
       detail::log_warn(who_, msg + ": it leaves the sync group");
       return worker_left(rank);
@@ -261,7 +276,8 @@ class server final : public transport::node_base {
       // Training needs no scheduler: serve on, and end once the workers are gone.
       if (done_) return;
       sched_lost_ = true;
-      detail::log_warn(who_, "lost the scheduler (" + reason + "); serving on until the workers leave");
+      detail::log_warn(who_,
+                       "lost the scheduler (" + reason + "); serving on until the workers leave");
       if (workers_.empty()) finish("");
       return;
     }

@@ -39,10 +39,10 @@ namespace kvstore::detail {
 
 /// What a shard needs to know of the job (the server fills it from dist_options).
 struct shard_config {
-  bool sync = true;                               ///< dist_sync rounds, or dist_async
+  bool sync = true;  ///< dist_sync rounds, or dist_async
   int num_workers = 1;
-  std::size_t chunk_bytes = std::size_t{1} << 20;     ///< a pull is answered in frames of this
-  std::size_t max_frame_bytes = std::size_t{1} << 30;  ///< an init frame carries at most this
+  std::size_t chunk_bytes = std::size_t{1} << 20;        ///< a pull is answered in frames of this
+  std::size_t max_frame_bytes = std::size_t{1} << 30;    ///< an init frame carries at most this
   std::uint64_t max_key_bytes = std::uint64_t{8} << 30;  ///< bytes of one key slice at most
 };
 
@@ -55,7 +55,8 @@ class shard {
   /// is answered, so a snapshot taken then holds everything that was answered.
   using change_hook = std::function<void(bool important)>;
 
-  explicit shard(shard_config c, change_hook on_change = {}) : cfg_(c), on_change_(std::move(on_change)) {}
+  explicit shard(shard_config c, change_hook on_change = {})
+      : cfg_(c), on_change_(std::move(on_change)) {}
 
   /// The name that errors use ("server 0").
   void name(std::string who) { who_ = std::move(who); }
@@ -71,12 +72,14 @@ class shard {
     const std::size_t elem = wire::dtype_size(h.type);
     auto too_big = [&](std::uint64_t limit) {
       if (h.payload_len > limit)
-        throw error(errc::protocol, "a " + std::to_string(h.payload_len) + "-byte payload for key " + key_str(h.key) +
+        throw error(errc::protocol, "a " + std::to_string(h.payload_len) +
+                                        "-byte payload for key " + key_str(h.key) +
                                         " that takes at most " + std::to_string(limit));
     };
     switch (h.command) {
       case wire::cmd::init:
-        if (!elem || h.total > cfg_.max_frame_bytes / elem) throw error(errc::protocol, "init payload without a valid size");
+        if (!elem || h.total > cfg_.max_frame_bytes / elem)
+          throw error(errc::protocol, "init payload without a valid size");
         too_big(h.total * elem);
         return {};
       case wire::cmd::push:
@@ -90,8 +93,11 @@ class shard {
         if (h.command == wire::cmd::push) return direct_sink(rank, h, it->second);
         return {};
       }
-      case wire::cmd::load_states: return {};
-      default: too_big(0); return {};
+      case wire::cmd::load_states:
+        return {};
+      default:
+        too_big(0);
+        return {};
     }
   }
 
@@ -100,16 +106,25 @@ class shard {
   void handle(int rank, const Port& from, const wire::header& h, std::string_view meta,
               std::span<const std::byte> payload) {
     switch (h.command) {
-      case wire::cmd::init: return init(rank, from, h, meta, payload);
-      case wire::cmd::push: return push(rank, from, h, payload);
-      case wire::cmd::push_rows: return push_rows(rank, from, h, meta, payload);
-      case wire::cmd::pull: return pull(from, h);
-      case wire::cmd::pull_rows: return pull_rows(from, h, meta);
-      case wire::cmd::set_optimizer: return set_optimizer(from, h, meta);
-      case wire::cmd::save_states: return save_states(from, h);
-      case wire::cmd::load_states: return load_states(from, h, payload);
+      case wire::cmd::init:
+        return init(rank, from, h, meta, payload);
+      case wire::cmd::push:
+        return push(rank, from, h, payload);
+      case wire::cmd::push_rows:
+        return push_rows(rank, from, h, meta, payload);
+      case wire::cmd::pull:
+        return pull(from, h);
+      case wire::cmd::pull_rows:
+        return pull_rows(from, h, meta);
+      case wire::cmd::set_optimizer:
+        return set_optimizer(from, h, meta);
+      case wire::cmd::save_states:
+        return save_states(from, h);
+      case wire::cmd::load_states:
+        return load_states(from, h, payload);
       default:
-        throw error(errc::protocol, "unexpected command " + std::to_string(static_cast<int>(h.command)));
+        throw error(errc::protocol,
+                    "unexpected command " + std::to_string(static_cast<int>(h.command)));
     }
   }
 
@@ -120,24 +135,29 @@ class shard {
     const auto [lo, hi] = wire::decode_init_meta(meta);
     const std::uint64_t rl = h.aux;
     if (h.type != wire::dtype::f32 && h.type != wire::dtype::f64)
-      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": init without an element type");
+      throw error(errc::invalid_argument,
+                  "key " + key_str(h.key) + ": init without an element type");
     // (hi - lo) * element size must not wrap: a wrapped size allocates a short value that later
     // writes overrun (found by fuzz/fuzz_server.cpp).
     if (h.total == 0 || lo >= hi || hi > h.total || (rl && (h.total % rl || lo % rl || hi % rl)) ||
         hi - lo > std::numeric_limits<std::size_t>::max() / 8)
-      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": bad slice [" + std::to_string(lo) + ", " +
-                                              std::to_string(hi) + ") of " + std::to_string(h.total));
+      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": bad slice [" +
+                                              std::to_string(lo) + ", " + std::to_string(hi) +
+                                              ") of " + std::to_string(h.total));
     if ((hi - lo) > cfg_.max_key_bytes / wire::dtype_size(h.type))
-      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": a slice of " + std::to_string(hi - lo) +
-                                              " elements is more than this server's max_key_bytes (" +
-                                              std::to_string(cfg_.max_key_bytes) + ")");
+      throw error(errc::invalid_argument,
+                  "key " + key_str(h.key) + ": a slice of " + std::to_string(hi - lo) +
+                      " elements is more than this server's max_key_bytes (" +
+                      std::to_string(cfg_.max_key_bytes) + ")");
     auto it = slices_.find(h.key);
     if (it != slices_.end()) {
       const slice& s = it->second;
       if (s.type != h.type || s.total != h.total || s.lo != lo || s.hi != hi || s.row_length != rl)
-        throw error(errc::size_mismatch, "key " + key_str(h.key) + ": init with " + std::to_string(h.total) +
-                                             " elements (row length " + std::to_string(rl) + ") but it was inited with " +
-                                             std::to_string(s.total) + " (row length " + std::to_string(s.row_length) + ")");
+        throw error(errc::size_mismatch, "key " + key_str(h.key) + ": init with " +
+                                             std::to_string(h.total) + " elements (row length " +
+                                             std::to_string(rl) + ") but it was inited with " +
+                                             std::to_string(s.total) + " (row length " +
+                                             std::to_string(s.row_length) + ")");
     } else {
       it = slices_.try_emplace(h.key).first;
       slice& s = it->second;
@@ -159,7 +179,8 @@ class shard {
       throw error(errc::already_inited, "key " + key_str(h.key) + " is already inited");
     if (h.flags & wire::flag_has_data) {
       const std::uint64_t n = check_range(s, h, payload.size());
-      if (n) std::memcpy(s.value->data() + (h.offset - s.lo) * s.elem(), payload.data(), n * s.elem());
+      if (n)
+        std::memcpy(s.value->data() + (h.offset - s.lo) * s.elem(), payload.data(), n * s.elem());
     }
     if (!(h.flags & wire::flag_last)) return;
     s.init_done.insert(rank);
@@ -185,7 +206,9 @@ class shard {
     const std::uint64_t rel = h.offset - s.lo;
     if (cfg_.sync) {
       begin_round_push(s, rank);
-      with_dtype(s.type, [&]<class T>() { contribute<T>(s, rel, reinterpret_cast<const T*>(payload.data()), n); });
+      with_dtype(s.type, [&]<class T>() {
+        contribute<T>(s, rel, reinterpret_cast<const T*>(payload.data()), n);
+      });
       if (h.flags & wire::flag_last) end_round_push(s, rank, from, h);
       return;
     }
@@ -205,8 +228,9 @@ class shard {
     if (s.duplicate(rank, h.aux)) return ack_duplicate(from, h);
     const std::uint64_t rl = s.row_length;
     if (payload.size() != rows.size() * rl * s.elem())
-      throw error(errc::size_mismatch, "key " + key_str(h.key) + ": " + std::to_string(rows.size()) +
-                                           " rows need " + std::to_string(rows.size() * rl) + " values");
+      throw error(errc::size_mismatch, "key " + key_str(h.key) + ": " +
+                                           std::to_string(rows.size()) + " rows need " +
+                                           std::to_string(rows.size() * rl) + " values");
     if (cfg_.sync) {
       begin_round_push(s, rank);
       with_dtype(s.type, [&]<class T>() {
@@ -256,14 +280,17 @@ class shard {
     slice& s = find(h);
     auto rows = check_rows(s, h, meta);
     const std::uint64_t rl = s.row_length, row_bytes = rl * s.elem();
-    const std::size_t per = std::max<std::size_t>(1, cfg_.chunk_bytes / std::max<std::uint64_t>(row_bytes, 1));
+    const std::size_t per =
+        std::max<std::size_t>(1, cfg_.chunk_bytes / std::max<std::uint64_t>(row_bytes, 1));
     std::size_t i = 0;
     do {
       const std::size_t n = std::min(per, rows.size() - i);
       auto buf = std::make_shared<bytes>(n * row_bytes);
       for (std::size_t j = 0; j < n; ++j)
-        std::memcpy(buf->data() + j * row_bytes,
-                    s.value->data() + (static_cast<std::uint64_t>(rows[i + j]) * rl - s.lo) * s.elem(), row_bytes);
+        std::memcpy(
+            buf->data() + j * row_bytes,
+            s.value->data() + (static_cast<std::uint64_t>(rows[i + j]) * rl - s.lo) * s.elem(),
+            row_bytes);
       wire::header f = data_header(s, h);
       f.offset = i;
       f.flags = wire::flag_rows | (i + n == rows.size() ? wire::flag_last : 0u);
@@ -326,18 +353,24 @@ class shard {
       optim::state<double> d;
     };
     std::vector<staged> all;
-    for (const auto& e : wire::decode_states({reinterpret_cast<const char*>(payload.data()), payload.size()})) {
+    for (const auto& e :
+         wire::decode_states({reinterpret_cast<const char*>(payload.data()), payload.size()})) {
       auto it = slices_.find(e.key);
       if (it == slices_.end() || !it->second.inited)
-        throw error(errc::unknown_key, "optimizer states name key " + key_str(e.key) + ", unknown on " + who_);
+        throw error(errc::unknown_key,
+                    "optimizer states name key " + key_str(e.key) + ", unknown on " + who_);
       slice& s = it->second;
-      if (s.type != e.type || s.lo != e.lo || s.hi != e.hi || s.total != e.total || e.nslots > optim::max_slots)
-        throw error(errc::size_mismatch, "optimizer states of key " + key_str(e.key) + " do not match its slice on " + who_);
+      if (s.type != e.type || s.lo != e.lo || s.hi != e.hi || s.total != e.total ||
+          e.nslots > optim::max_slots)
+        throw error(errc::size_mismatch, "optimizer states of key " + key_str(e.key) +
+                                             " do not match its slice on " + who_);
       staged st{&s, {}, {}};
       with_dtype(e.type, [&]<class T>() {
         optim::state<T>& dst = [&]() -> optim::state<T>& {
-          if constexpr (std::is_same_v<T, float>) return st.f;
-          else return st.d;
+          if constexpr (std::is_same_v<T, float>)
+            return st.f;
+          else
+            return st.d;
         }();
         dst.step = e.step;
         dst.slots.resize(e.nslots);
@@ -376,7 +409,9 @@ class shard {
     for (auto& [k, s] : slices_) {
       if (!s.round_waiters.empty()) fail_round(s, why);
       if (!s.inited && rank == 0) {
-        for (auto& w : s.init_waiters) w.port.reply(w.req_id, errc::node_dead, "key " + key_str(k) + " cannot be inited: " + why);
+        for (auto& w : s.init_waiters)
+          w.port.reply(w.req_id, errc::node_dead,
+                       "key " + key_str(k) + " cannot be inited: " + why);
         s.init_waiters.clear();
       }
     }
@@ -412,7 +447,8 @@ class shard {
   }
 
   static std::string key_str(std::uint64_t k) {
-    return (k >> 63) ? "(named key id " + std::to_string(k) + ")" : std::to_string(static_cast<std::int64_t>(k));
+    return (k >> 63) ? "(named key id " + std::to_string(k) + ")"
+                     : std::to_string(static_cast<std::int64_t>(k));
   }
 
  private:
@@ -431,7 +467,9 @@ class shard {
   // sees the data already in place). With several workers their frames could interleave with a
   // read in progress, so they are staged.
   std::span<std::byte> direct_sink(int rank, const wire::header& h, slice& s) {
-    if (!cfg_.sync || !s.inited || h.total != s.total || h.offset < s.lo || h.payload_len % s.elem()) return {};
+    if (!cfg_.sync || !s.inited || h.total != s.total || h.offset < s.lo ||
+        h.payload_len % s.elem())
+      return {};
     const std::uint64_t rel = h.offset - s.lo, n = h.payload_len / s.elem();
     if (rel > s.size() || n > s.size() - rel || active_workers() != 1 || s.duplicate(rank, h.aux) ||
         s.round_done.count(rank) || !s.cov.disjoint(rel, rel + n))
@@ -446,10 +484,12 @@ class shard {
       throw error(errc::unknown_key, "key " + key_str(h.key) + " was never inited on " + who_);
     slice& s = it->second;
     if (h.type != s.type)
-      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": element type differs from its init");
+      throw error(errc::invalid_argument,
+                  "key " + key_str(h.key) + ": element type differs from its init");
     if (h.total != s.total)
       throw error(errc::size_mismatch, "key " + key_str(h.key) + " has " + std::to_string(s.total) +
-                                           " elements, the request says " + std::to_string(h.total));
+                                           " elements, the request says " +
+                                           std::to_string(h.total));
     return s;
   }
 
@@ -457,21 +497,26 @@ class shard {
   static std::uint64_t check_range(const slice& s, const wire::header& h, std::size_t payload_len) {
     const std::uint64_t n = payload_len / s.elem();
     if (h.offset < s.lo || h.offset > s.hi || n > s.hi - h.offset)
-      throw error(errc::size_mismatch, "key " + key_str(h.key) + ": elements [" + std::to_string(h.offset) + ", " +
-                                           std::to_string(h.offset + n) + ") are outside this server's slice [" +
-                                           std::to_string(s.lo) + ", " + std::to_string(s.hi) + ")");
+      throw error(errc::size_mismatch,
+                  "key " + key_str(h.key) + ": elements [" + std::to_string(h.offset) + ", " +
+                      std::to_string(h.offset + n) + ") are outside this server's slice [" +
+                      std::to_string(s.lo) + ", " + std::to_string(s.hi) + ")");
     return n;
   }
 
-  std::vector<std::int64_t> check_rows(const slice& s, const wire::header& h, std::string_view meta) {
-    if (!s.row_length) throw error(errc::not_a_matrix, "key " + key_str(h.key) + " was inited without a row length");
+  std::vector<std::int64_t> check_rows(const slice& s, const wire::header& h,
+                                       std::string_view meta) {
+    if (!s.row_length)
+      throw error(errc::not_a_matrix, "key " + key_str(h.key) + " was inited without a row length");
     auto rows = wire::decode_rows(meta);
-    const auto rlo = static_cast<std::int64_t>(s.lo / s.row_length), rhi = static_cast<std::int64_t>(s.hi / s.row_length);
+    const auto rlo = static_cast<std::int64_t>(s.lo / s.row_length),
+               rhi = static_cast<std::int64_t>(s.hi / s.row_length);
     for (auto r : rows)
       if (r < rlo || r >= rhi)
         throw error(errc::row_out_of_range, "key " + key_str(h.key) + ": row " + std::to_string(r) +
-                                                " is outside this server's rows [" + std::to_string(rlo) + ", " +
-                                                std::to_string(rhi) + ")");
+                                                " is outside this server's rows [" +
+                                                std::to_string(rlo) + ", " + std::to_string(rhi) +
+                                                ")");
     return rows;
   }
 
@@ -493,7 +538,8 @@ class shard {
     s.cov.contribute(
         rel, rel + n,
         [&](std::uint64_t b, std::uint64_t e) {
-          if (m + b != src + (b - rel)) std::memcpy(m + b, src + (b - rel), (e - b) * sizeof(T));  // else read in place
+          if (m + b != src + (b - rel))
+            std::memcpy(m + b, src + (b - rel), (e - b) * sizeof(T));  // else read in place
         },
         [&](std::uint64_t b, std::uint64_t e) {
           T* __restrict d = m + b;
@@ -504,7 +550,8 @@ class shard {
 
   void begin_round_push(slice& s, int rank) {
     if (s.round_done.count(rank))
-      throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " + key_str(s.key) + " twice in round " +
+      throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
+                                      key_str(s.key) + " twice in round " +
                                       std::to_string(s.round));
     if (s.merge.size() != s.size() * s.elem()) s.merge.resize(s.size() * s.elem());
   }
@@ -545,14 +592,16 @@ class shard {
     auto& st = s.template state<T>();
     upd.ensure_state(st, s.size());
     if (new_step) ++st.step;
-    upd.fn(kvstore::key(static_cast<std::int64_t>(s.key)), std::span<const T>(grad, n), std::span<T>(w, n),
-           optim::updater<T>::view(st, rel, n));
+    upd.fn(kvstore::key(static_cast<std::int64_t>(s.key)), std::span<const T>(grad, n),
+           std::span<T>(w, n), optim::updater<T>::view(st, rel, n));
   }
 
   template <class T>
   optim::updater<T>& updater() {
-    if constexpr (std::is_same_v<T, float>) return upd_f_;
-    else return upd_d_;
+    if constexpr (std::is_same_v<T, float>)
+      return upd_f_;
+    else
+      return upd_d_;
   }
 
   bool round_complete(const slice& s) const {
@@ -566,8 +615,8 @@ class shard {
     with_dtype(s.type, [&]<class T>() {
       auto& upd = updater<T>();
       const auto& ranges = s.cov.ranges();
-      if (!upd && ranges.size() == 1 && ranges.begin()->first == 0 && ranges.begin()->second == s.size() &&
-          s.value.use_count() == 1) {
+      if (!upd && ranges.size() == 1 && ranges.begin()->first == 0 &&
+          ranges.begin()->second == s.size() && s.value.use_count() == 1) {
         s.value->swap(s.merge);  // the old value becomes the next merge buffer: no copy
       } else {
         bool first = true;
@@ -591,13 +640,15 @@ class shard {
   void check_dead(slice& s) {
     for (int r : dead_)
       if (!left_.count(r))
-        return fail_round(s, "worker " + std::to_string(r) + " (node " + std::to_string(worker_id(r)) + ") is dead");
+        return fail_round(s, "worker " + std::to_string(r) + " (node " +
+                                 std::to_string(worker_id(r)) + ") is dead");
   }
 
   void fail_round(slice& s, const std::string& why) {
     for (auto& w : s.round_waiters)
       w.port.reply(w.req_id, errc::node_dead,
-                   "sync round " + std::to_string(s.round) + " of key " + key_str(s.key) + " cannot complete: " + why);
+                   "sync round " + std::to_string(s.round) + " of key " + key_str(s.key) +
+                       " cannot complete: " + why);
     s.round_waiters.clear();
     s.round_done.clear();
     s.round_seq.clear();

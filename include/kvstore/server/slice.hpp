@@ -41,7 +41,7 @@ template <class Port>
 struct key_slice : wire::slice_header {
   std::shared_ptr<bytes> value;  // shared with pull answers in flight: copy on write
   bool inited = false;
-  bool restored = false;  // loaded from a snapshot: re-sent inits are acknowledged
+  bool restored = false;    // loaded from a snapshot: re-sent inits are acknowledged
   std::set<int> init_done;  // workers whose init arrived
   std::vector<reply_to<Port>> init_waiters;
 
@@ -93,13 +93,17 @@ struct key_slice : wire::slice_header {
   /// The optimizer state of element type T.
   template <class T>
   optim::state<T>& state() {
-    if constexpr (std::is_same_v<T, float>) return st_f;
-    else return st_d;
+    if constexpr (std::is_same_v<T, float>)
+      return st_f;
+    else
+      return st_d;
   }
   template <class T>
   const optim::state<T>& state() const {
-    if constexpr (std::is_same_v<T, float>) return st_f;
-    else return st_d;
+    if constexpr (std::is_same_v<T, float>)
+      return st_f;
+    else
+      return st_d;
   }
 
   std::size_t elem() const { return wire::dtype_size(type); }

@@ -35,7 +35,8 @@ shard_snapshot take_snapshot(const shard<Port>& sh, int rank) {
     with_dtype(sl.type, [&]<class T>() {
       const auto& st = sl.template state<T>();
       x.step = st.step;
-      for (auto& v : st.slots) x.slots.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+      for (auto& v : st.slots)
+        x.slots.emplace_back(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
     });
     snap.slices.push_back(std::move(x));
   }
@@ -97,15 +98,17 @@ class snapshots {
     const auto path = snapshot_path(policy_.dir, rank);
     if (!std::filesystem::exists(path)) return;
     restore_snapshot(shard_, load_snapshot(path), num_workers);
-    log_warn("server " + std::to_string(rank),
-             "restored " + std::to_string(shard_.slices().size()) + " key slice(s) from " + path.string());
+    log_warn("server " + std::to_string(rank), "restored " +
+                                                   std::to_string(shard_.slices().size()) +
+                                                   " key slice(s) from " + path.string());
   }
 
   /// Writes the shard's snapshot (atomically). Throws kvstore::error on I/O failure or when
   /// there is no checkpoint directory.
   void save() {
     if (policy_.dir.empty())
-      throw error(errc::unsupported, who_ + " has no checkpoint directory (KVSTORE_CHECKPOINT_DIR)");
+      throw error(errc::unsupported,
+                  who_ + " has no checkpoint directory (KVSTORE_CHECKPOINT_DIR)");
     auto snap = take_snapshot(shard_, rank_);
     std::filesystem::create_directories(policy_.dir);
     save_snapshot(snapshot_path(policy_.dir, rank_), snap);
@@ -125,7 +128,8 @@ class snapshots {
   /// Called now and then: saves when the interval has passed since the last save and
   /// something changed.
   void tick() {
-    if (policy_.interval.count() > 0 && dirty_ && std::chrono::steady_clock::now() - last_ >= policy_.interval)
+    if (policy_.interval.count() > 0 && dirty_ &&
+        std::chrono::steady_clock::now() - last_ >= policy_.interval)
       save_quietly();
   }
 

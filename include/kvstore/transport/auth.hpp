@@ -38,7 +38,8 @@ inline std::string make_proof(std::string_view token, std::string_view nonce) {
   // An empty token still makes a (well-known) proof: the protocol is the same with and without
   // one, and a node with a token refuses a peer without it.
   static const unsigned char empty = 0;
-  const void* key = token.empty() ? static_cast<const void*>(&empty) : static_cast<const void*>(token.data());
+  const void* key =
+      token.empty() ? static_cast<const void*>(&empty) : static_cast<const void*>(token.data());
   if (!HMAC(EVP_sha256(), key, static_cast<int>(token.size()),
             reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out.data(), &len) ||
       len != proof_size)

@@ -5,10 +5,10 @@
 // (one io thread per process); send() may be called from any thread.
 #pragma once
 
-#include <kvstore/error.hpp>
 #include <kvstore/detail/log.hpp>
-#include <kvstore/transport/security.hpp>
+#include <kvstore/error.hpp>
 #include <kvstore/transport/auth.hpp>
+#include <kvstore/transport/security.hpp>
 #include <kvstore/transport/tls.hpp>
 #include <kvstore/wire/frame.hpp>
 
@@ -22,9 +22,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
-#include <thread>
 #include <cstddef>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -33,6 +32,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace kvstore::transport {
@@ -74,8 +74,12 @@ class connection : public std::enable_shared_from_this<connection> {
  public:
   connection(tcp::socket sock, frame_handler& handler, wire::limits lim, security sec,
              std::size_t gather_bytes = std::size_t{1} << 20)
-      : sock_(std::move(sock)), timer_(sock_.get_executor()), handler_(&handler), limits_(lim),
-        sec_(std::move(sec)), gather_bytes_(gather_bytes) {
+      : sock_(std::move(sock)),
+        timer_(sock_.get_executor()),
+        handler_(&handler),
+        limits_(lim),
+        sec_(std::move(sec)),
+        gather_bytes_(gather_bytes) {
     boost::system::error_code ec;
     sock_.set_option(tcp::no_delay(true), ec);
     try {
@@ -163,8 +167,10 @@ class connection : public std::enable_shared_from_this<connection> {
   // Runs f on the stream all IO uses: the TLS stream when TLS is on, else the socket.
   template <class F>
   void io(F&& f) {
-    if (tls_) f(*tls_);
-    else f(sock_);
+    if (tls_)
+      f(*tls_);
+    else
+      f(sock_);
   }
 
   // ---- handshake ----------------------------------------------------------------------------
@@ -203,9 +209,12 @@ class connection : public std::enable_shared_from_this<connection> {
       h.meta_len = static_cast<std::uint32_t>(nonce_.size());
       hs_hdr_ = wire::encode(h);
       std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(nonce_)};
-      io([&](auto& st) { asio::async_write(st, b, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-        if (ec) self->fail("write: " + ec.message());
-      }); });
+      io([&](auto& st) {
+        asio::async_write(st, b,
+                          [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                            if (ec) self->fail("write: " + ec.message());
+                          });
+      });
     } else {
       full_limits_ = limits_;
       limits_.max_payload = 0;
@@ -225,9 +234,12 @@ class connection : public std::enable_shared_from_this<connection> {
         r.command = wire::cmd::response;
         r.status = static_cast<std::uint32_t>(errc::auth_failed);
         hs_hdr_ = wire::encode(r);
-        io([&](auto& st) { asio::async_write(st, asio::buffer(hs_hdr_), [self = shared_from_this()](boost::system::error_code, std::size_t) {
-          self->fail("authentication failed (wrong token)");
-        }); });
+        io([&](auto& st) {
+          asio::async_write(st, asio::buffer(hs_hdr_),
+                            [self = shared_from_this()](boost::system::error_code, std::size_t) {
+                              self->fail("authentication failed (wrong token)");
+                            });
+        });
         closing_ = true;
         return;
       }
@@ -246,13 +258,16 @@ class connection : public std::enable_shared_from_this<connection> {
     hs_hdr_ = wire::encode(a);
     proof_ = make_proof(sec_.token, meta);
     std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(proof_)};
-    io([&](auto& st) { asio::async_write(st, b, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-      if (ec) return self->fail("write: " + ec.message());
-      self->authed_ = true;
-      self->limits_ = self->full_limits_;
-      self->arm_timer(self->sec_.idle_timeout, false);
-      self->start_writing();
-    }); });
+    io([&](auto& st) {
+      asio::async_write(st, b,
+                        [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                          if (ec) return self->fail("write: " + ec.message());
+                          self->authed_ = true;
+                          self->limits_ = self->full_limits_;
+                          self->arm_timer(self->sec_.idle_timeout, false);
+                          self->start_writing();
+                        });
+    });
   }
 
   void start_writing() {
@@ -273,7 +288,8 @@ class connection : public std::enable_shared_from_this<connection> {
     timer_.async_wait([self = shared_from_this(), period, handshake](boost::system::error_code ec) {
       if (ec || self->closed_flag_) return;
       if (handshake) {
-        if (!self->authed_) self->fail("no authentication within " + std::to_string(period.count()) + " ms");
+        if (!self->authed_)
+          self->fail("no authentication within " + std::to_string(period.count()) + " ms");
         return;
       }
       self->check_idle(period);
@@ -281,7 +297,8 @@ class connection : public std::enable_shared_from_this<connection> {
   }
   void check_idle(std::chrono::milliseconds period) {
     auto now = std::chrono::steady_clock::now();
-    if (now - last_rx_ > period) return fail("idle for more than " + std::to_string(period.count()) + " ms");
+    if (now - last_rx_ > period)
+      return fail("idle for more than " + std::to_string(period.count()) + " ms");
     timer_.expires_after(period / 4 + std::chrono::milliseconds(1));
     timer_.async_wait([self = shared_from_this(), period](boost::system::error_code ec) {
       if (!ec && !self->closed_flag_) self->check_idle(period);
@@ -297,15 +314,17 @@ class connection : public std::enable_shared_from_this<connection> {
       rend_ -= rbeg_;
       rbeg_ = 0;
     }
-    io([&](auto& st) { st.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
-                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                            if (ec) return self->fail(ec == asio::error::eof
-                                                          ? "closed by peer"
-                                                          : "read: " + ec.message());
-                            self->rend_ += n;
-                            self->last_rx_ = std::chrono::steady_clock::now();
-                            self->parse();
-                          }); });
+    io([&](auto& st) {
+      st.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
+                         [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                           if (ec)
+                             return self->fail(ec == asio::error::eof ? "closed by peer"
+                                                                      : "read: " + ec.message());
+                           self->rend_ += n;
+                           self->last_rx_ = std::chrono::steady_clock::now();
+                           self->parse();
+                         });
+    });
   }
 
   // Parses as many whole frames as the buffer holds; reads big payloads straight to their sink.
@@ -362,13 +381,16 @@ class connection : public std::enable_shared_from_this<connection> {
       if (got_ < cur_.payload_len) {
         // The rest goes straight into the sink, no staging copy.
         rbeg_ = rend_ = 0;
-        io([&](auto& st) { asio::async_read(st, asio::buffer(sink_.data() + got_, cur_.payload_len - got_),
-                         [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                           if (ec) return self->fail("read: " + ec.message());
-                           self->got_ += n;
-                           self->deliver();
-                           self->parse();
-                         }); });
+        io([&](auto& st) {
+          asio::async_read(
+              st, asio::buffer(sink_.data() + got_, cur_.payload_len - got_),
+              [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
+                if (ec) return self->fail("read: " + ec.message());
+                self->got_ += n;
+                self->deliver();
+                self->parse();
+              });
+        });
         return;
       }
       deliver();
@@ -436,7 +458,8 @@ class connection : public std::enable_shared_from_this<connection> {
       // Gather frames, highest priority first, up to about gather_bytes_: a later
       // higher-priority frame waits for at most this much.
       std::size_t bytes = 0;
-      while (!queue_.empty() && inflight_.size() < 64 && (inflight_.empty() || bytes < gather_bytes_)) {
+      while (!queue_.empty() && inflight_.size() < 64 &&
+             (inflight_.empty() || bytes < gather_bytes_)) {
         inflight_.push_back(std::move(const_cast<queued&>(queue_.top()).f));
         queue_.pop();
         bytes += inflight_.back().payload_len + inflight_.back().meta.size() + wire::header_size;
@@ -457,11 +480,14 @@ class connection : public std::enable_shared_from_this<connection> {
       bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
       if (!bufs.empty()) bufs.front() += skip;
     }
-    io([&](auto& st) { asio::async_write(st, bufs, [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-      self->inflight_.clear();
-      if (ec) return self->fail("write: " + ec.message());
-      self->write_more();
-    }); });
+    io([&](auto& st) {
+      asio::async_write(st, bufs,
+                        [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                          self->inflight_.clear();
+                          if (ec) return self->fail("write: " + ec.message());
+                          self->write_more();
+                        });
+    });
   }
 
   void fail(const std::string& reason) {
@@ -545,8 +571,8 @@ inline tcp::socket connect_with_retry(asio::io_context& io, const std::string& h
                                       std::uint16_t port, std::chrono::milliseconds timeout,
                                       const std::string& what) {
   if (!plausible_host(host))
-    throw error(errc::invalid_argument, "cannot reach " + what + " at \"" + host +
-                                            "\": not a host name or an IP address");
+    throw error(errc::invalid_argument,
+                "cannot reach " + what + " at \"" + host + "\": not a host name or an IP address");
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string last = "no attempt";
   for (int attempt = 0;; ++attempt) {
@@ -559,7 +585,8 @@ inline tcp::socket connect_with_retry(asio::io_context& io, const std::string& h
       bool done = false;
       asio::steady_timer t(tmp);
       auto left = deadline - std::chrono::steady_clock::now();
-      t.expires_after(std::max<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(1)));
+      t.expires_after(
+          std::max<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(1)));
       asio::async_connect(s, eps, [&](boost::system::error_code e, const tcp::endpoint&) {
         ec = e;
         done = true;

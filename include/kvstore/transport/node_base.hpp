@@ -74,7 +74,8 @@ class node_base : public frame_handler {
         s.close(ig);
         return accept();
       }
-      auto c = std::make_shared<connection>(std::move(s), *this, rules_.limits, rules_.security, rules_.gather_bytes);
+      auto c = std::make_shared<connection>(std::move(s), *this, rules_.limits, rules_.security,
+                                            rules_.gather_bytes);
       accepted(c);
       c->start();
       accept();
@@ -82,7 +83,8 @@ class node_base : public frame_handler {
   }
 
   /// Answers request `req` of `c` (aux: the answer's number, if any).
-  void reply(connection& c, std::uint64_t req, errc status, std::string msg, std::uint64_t aux = 0) {
+  void reply(connection& c, std::uint64_t req, errc status, std::string msg,
+             std::uint64_t aux = 0) {
     out_frame f;
     f.h.command = wire::cmd::response;
     f.h.req_id = req;
@@ -92,7 +94,8 @@ class node_base : public frame_handler {
     f.meta = std::move(msg);
     c.send(std::move(f));
   }
-  void reply(const conn_ptr& c, std::uint64_t req, errc status, std::string msg, std::uint64_t aux = 0) {
+  void reply(const conn_ptr& c, std::uint64_t req, errc status, std::string msg,
+             std::uint64_t aux = 0) {
     if (c) reply(*c, req, status, std::move(msg), aux);
   }
 

@@ -2,26 +2,36 @@
 // field's meaning is written down once: here. Control payloads (the metadata) are encoded by
 // wire/messages.hpp; tensor bytes travel raw as the payload.
 //
-// | command       | key              | offset             | total          | aux                    | flags               | meta                  | payload                |
-// | ------------- | ---------------- | ------------------ | -------------- | ---------------------- | ------------------- | --------------------- | ---------------------- |
-// | hello         | -                | -                  | -              | sender's rank          | -                   | token proof           | -                      |
-// | reg           | -                | -                  | -              | -                      | -                   | registration          | -                      |
-// | address_book  | node id given    | -                  | -              | rank given             | -                   | address book          | -                      |
-// | barrier       | -                | -                  | -              | -                      | -                   | -                     | -                      |
-// | dead_count    | node groups      | -                  | timeout (ms)   | answer: the count      | -                   | -                     | -                      |
-// | node_dead     | dead node's id   | -                  | -              | -                      | -                   | why                   | -                      |
-// | init          | key id           | first element sent | key's elements | row length (0: vector) | last, has_data      | init_meta (slice)     | rank 0's values        |
-// | push          | key id           | first element      | key's elements | push number (1, 2, ..) | last                | -                     | values                 |
-// | pull          | key id           | slice's first elem | key's elements | -                      | -                   | -                     | -                      |
-// | data          | key id           | first element      | -              | -                      | last, rows          | -                     | values                 |
-// | push_rows     | key id           | -                  | key's elements | push number            | last                | row ids (int64)       | the rows' values       |
-// | pull_rows     | key id           | -                  | key's elements | -                      | -                   | row ids (int64)       | -                      |
-// | set_optimizer | -                | -                  | -              | -                      | -                   | optimizer_spec        | -                      |
-// | command       | head             | -                  | -              | -                      | -                   | body                  | -                      |
-// | save_states   | -                | -                  | -              | -                      | -                   | -                     | answer: state entries  |
-// | load_states   | -                | -                  | -              | -                      | -                   | -                     | state entries          |
-// | response      | -                | -                  | -              | per request (above)    | -                   | error text if status  | per request (above)    |
-// | bye, leave, checkpoint, heartbeat, shutdown, challenge, auth: header only, or the handshake's meta. |
+// | command       | key              | offset             | total          | aux | flags | meta |
+// payload                | | ------------- | ---------------- | ------------------ | --------------
+// | ---------------------- | ------------------- | --------------------- | ---------------------- |
+// | hello         | -                | -                  | -              | sender's rank | - |
+// token proof           | -                      | | reg           | -                | - | - | -
+// | -                   | registration          | -                      | | address_book  | node
+// id given    | -                  | -              | rank given             | - | address book | -
+// | | barrier       | -                | -                  | -              | - | - | - | - | |
+// dead_count    | node groups      | -                  | timeout (ms)   | answer: the count      |
+// -                   | -                     | -                      | | node_dead     | dead
+// node's id   | -                  | -              | -                      | - | why | - | | init
+// | key id           | first element sent | key's elements | row length (0: vector) | last,
+// has_data      | init_meta (slice)     | rank 0's values        | | push          | key id | first
+// element      | key's elements | push number (1, 2, ..) | last                | - | values | |
+// pull          | key id           | slice's first elem | key's elements | -                      |
+// -                   | -                     | -                      | | data          | key id
+// | first element      | -              | -                      | last, rows          | - | values
+// | | push_rows     | key id           | -                  | key's elements | push number | last
+// | row ids (int64)       | the rows' values       | | pull_rows     | key id           | - | key's
+// elements | -                      | -                   | row ids (int64)       | - | |
+// set_optimizer | -                | -                  | -              | -                      |
+// -                   | optimizer_spec        | -                      | | command       | head | -
+// | -              | -                      | -                   | body                  | - | |
+// save_states   | -                | -                  | -              | -                      |
+// -                   | -                     | answer: state entries  | | load_states   | - | - |
+// -              | -                      | -                   | -                     | state
+// entries          | | response      | -                | -                  | -              | per
+// request (above)    | -                   | error text if status  | per request (above)    | |
+// bye, leave, checkpoint, heartbeat, shutdown, challenge, auth: header only, or the handshake's
+// meta. |
 //
 // Every frame carries req_id (answers repeat it), priority (the sender's send order), sender (its
 // node id), type (element type of a payload) and status (errc of a response).

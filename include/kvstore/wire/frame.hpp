@@ -23,30 +23,30 @@ inline constexpr std::size_t header_size = 80;
 inline constexpr std::uint64_t max_meta_default = std::uint64_t{64} << 20;
 
 enum class cmd : std::uint16_t {
-  hello = 1,        ///< first frame on a connection: role, rank, node id (meta: token proof)
-  challenge,        ///< acceptor -> client, first frame of every connection: nonce (meta)
-  reg,              ///< node -> scheduler: register (meta: host, port)
-  address_book,     ///< scheduler -> node: ids, ranks, servers' addresses (meta)
-  barrier,          ///< worker -> scheduler; answered with response
-  heartbeat,        ///< node -> scheduler
-  bye,              ///< worker -> scheduler/servers: leaving cleanly
-  shutdown,         ///< scheduler -> nodes: the job is over
-  node_dead,        ///< scheduler -> nodes: `key` = the dead node's id
-  dead_count,       ///< worker -> scheduler: count dead nodes (key = groups, total = timeout ms)
-  init,             ///< worker -> server: a slice of a key's initial value
-  push,             ///< worker -> server: a chunk of a key's value or gradient
-  pull,             ///< worker -> server: ask for a key's slice
-  push_rows,        ///< worker -> server: rows (meta: int64 row ids) and their values
-  pull_rows,        ///< worker -> server: ask for rows (meta: int64 row ids)
-  set_optimizer,    ///< worker -> server (meta: name '\0' params)
-  command,          ///< worker -> server: user command (key = head, meta = body)
-  save_states,      ///< worker -> server: answer with the shard's optimizer states
-  load_states,      ///< worker -> server: replace the shard's optimizer states
-  response,         ///< answer to a request: same req_id; status = errc; meta = message on error
-  data,             ///< server -> worker: a chunk of a pull's answer (offset in `offset`)
-  leave,            ///< worker -> servers/scheduler: no more rounds from this worker
-  auth,             ///< client -> acceptor: HMAC proof for the challenge's nonce (meta)
-  checkpoint,       ///< worker -> server: write the shard's snapshot now
+  hello = 1,      ///< first frame on a connection: role, rank, node id (meta: token proof)
+  challenge,      ///< acceptor -> client, first frame of every connection: nonce (meta)
+  reg,            ///< node -> scheduler: register (meta: host, port)
+  address_book,   ///< scheduler -> node: ids, ranks, servers' addresses (meta)
+  barrier,        ///< worker -> scheduler; answered with response
+  heartbeat,      ///< node -> scheduler
+  bye,            ///< worker -> scheduler/servers: leaving cleanly
+  shutdown,       ///< scheduler -> nodes: the job is over
+  node_dead,      ///< scheduler -> nodes: `key` = the dead node's id
+  dead_count,     ///< worker -> scheduler: count dead nodes (key = groups, total = timeout ms)
+  init,           ///< worker -> server: a slice of a key's initial value
+  push,           ///< worker -> server: a chunk of a key's value or gradient
+  pull,           ///< worker -> server: ask for a key's slice
+  push_rows,      ///< worker -> server: rows (meta: int64 row ids) and their values
+  pull_rows,      ///< worker -> server: ask for rows (meta: int64 row ids)
+  set_optimizer,  ///< worker -> server (meta: name '\0' params)
+  command,        ///< worker -> server: user command (key = head, meta = body)
+  save_states,    ///< worker -> server: answer with the shard's optimizer states
+  load_states,    ///< worker -> server: replace the shard's optimizer states
+  response,       ///< answer to a request: same req_id; status = errc; meta = message on error
+  data,           ///< server -> worker: a chunk of a pull's answer (offset in `offset`)
+  leave,          ///< worker -> servers/scheduler: no more rounds from this worker
+  auth,           ///< client -> acceptor: HMAC proof for the challenge's nonce (meta)
+  checkpoint,     ///< worker -> server: write the shard's snapshot now
   last_ = checkpoint,
 };
 
@@ -58,16 +58,19 @@ inline std::size_t dtype_size(dtype t) noexcept {
 }
 template <class T>
 constexpr dtype dtype_of() noexcept {
-  if constexpr (std::is_same_v<T, float>) return dtype::f32;
-  else if constexpr (std::is_same_v<T, double>) return dtype::f64;
-  else return dtype::none;
+  if constexpr (std::is_same_v<T, float>)
+    return dtype::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return dtype::f64;
+  else
+    return dtype::none;
 }
 
 /// Frame flags.
 enum flag : std::uint32_t {
-  flag_last = 1u << 0,     ///< last chunk of this request from this sender
-  flag_has_data = 1u << 1, ///< init: this chunk carries the value (rank 0)
-  flag_rows = 1u << 2,     ///< data: the answer of a pull_rows
+  flag_last = 1u << 0,      ///< last chunk of this request from this sender
+  flag_has_data = 1u << 1,  ///< init: this chunk carries the value (rank 0)
+  flag_rows = 1u << 2,      ///< data: the answer of a pull_rows
 };
 
 struct header {
@@ -77,13 +80,13 @@ struct header {
   std::uint64_t payload_len = 0;
   std::uint64_t key = 0;
   std::uint64_t req_id = 0;
-  std::uint64_t offset = 0;   ///< element offset within the key (data frames)
-  std::uint64_t total = 0;    ///< the key's element count, or a command's argument
+  std::uint64_t offset = 0;  ///< element offset within the key (data frames)
+  std::uint64_t total = 0;   ///< the key's element count, or a command's argument
   std::int32_t priority = 0;
-  std::int32_t sender = 0;    ///< node id of the sender
+  std::int32_t sender = 0;  ///< node id of the sender
   dtype type = dtype::none;
-  std::uint32_t status = 0;   ///< errc of a response
-  std::uint64_t aux = 0;      ///< row length (init), round, or a command's second argument
+  std::uint32_t status = 0;  ///< errc of a response
+  std::uint64_t aux = 0;     ///< row length (init), round, or a command's second argument
 };
 
 namespace detail {
@@ -189,7 +192,8 @@ inline bool decode(const std::byte* p, header& h, const limits& lim, std::string
     return false;
   }
   if (h.payload_len != 0 && h.type != dtype::none && h.payload_len % dtype_size(h.type) != 0) {
-    why = "payload of " + std::to_string(h.payload_len) + " bytes is not a whole number of elements";
+    why =
+        "payload of " + std::to_string(h.payload_len) + " bytes is not a whole number of elements";
     return false;
   }
   return true;

@@ -108,9 +108,13 @@ struct address_book {
 
 inline std::string encode_address_book(const address_book& b) {
   meta_writer w;
-  w.u32(static_cast<std::uint32_t>(b.num_workers)).u32(static_cast<std::uint32_t>(b.servers.size()));
+  w.u32(static_cast<std::uint32_t>(b.num_workers))
+      .u32(static_cast<std::uint32_t>(b.servers.size()));
   for (auto& s : b.servers)
-    w.u32(static_cast<std::uint32_t>(s.rank)).u32(static_cast<std::uint32_t>(s.id)).str(s.host).u32(s.port);
+    w.u32(static_cast<std::uint32_t>(s.rank))
+        .u32(static_cast<std::uint32_t>(s.id))
+        .str(s.host)
+        .u32(s.port);
   return w.take();
 }
 
@@ -123,13 +127,15 @@ inline address_book decode_address_book(std::string_view s) {
     if (nw > INT_MAX) detail::bad(what, std::to_string(nw) + " workers");
     // Each server takes at least 16 bytes: never allocate for more than are present.
     if (ns > r.remaining() / 16)
-      detail::bad(what, std::to_string(ns) + " servers in " + std::to_string(r.remaining()) + " bytes");
+      detail::bad(what,
+                  std::to_string(ns) + " servers in " + std::to_string(r.remaining()) + " bytes");
     b.num_workers = static_cast<int>(nw);
     b.servers.resize(ns);
     for (std::uint32_t i = 0; i < ns; ++i) {
       auto& a = b.servers[i];
       const auto rank = r.u32(), id = r.u32();
-      if (rank != i) detail::bad(what, "entry " + std::to_string(i) + " has rank " + std::to_string(rank));
+      if (rank != i)
+        detail::bad(what, "entry " + std::to_string(i) + " has rank " + std::to_string(rank));
       if (id > INT_MAX) detail::bad(what, "server id " + std::to_string(id) + " out of range");
       a.rank = static_cast<int>(rank);
       a.id = static_cast<int>(id);
@@ -153,13 +159,18 @@ struct state_entry {
   /// nslots * (hi - lo) * dtype_size(type) bytes: slot i is raw.substr(i * slot_bytes(), ...).
   std::string_view raw;
 
-  std::size_t slot_bytes() const noexcept { return static_cast<std::size_t>(hi - lo) * dtype_size(type); }
-  std::string_view slot(std::uint32_t i) const { return raw.substr(i * slot_bytes(), slot_bytes()); }
+  std::size_t slot_bytes() const noexcept {
+    return static_cast<std::size_t>(hi - lo) * dtype_size(type);
+  }
+  std::string_view slot(std::uint32_t i) const {
+    return raw.substr(i * slot_bytes(), slot_bytes());
+  }
 };
 
 /// The fixed part of an entry; append the slots' raw bytes after it.
 inline std::string encode_state_head(std::uint64_t key, dtype t, std::uint64_t lo, std::uint64_t hi,
-                                     std::uint64_t total, std::uint64_t step, std::uint32_t nslots) {
+                                     std::uint64_t total, std::uint64_t step,
+                                     std::uint32_t nslots) {
   meta_writer w;
   w.u64(key).u32(static_cast<std::uint32_t>(t)).u64(lo).u64(hi).u64(total).u64(step).u32(nslots);
   return w.take();
@@ -177,7 +188,8 @@ inline std::vector<state_entry> decode_states(std::string_view s) {
       state_entry e;
       e.key = r.u64();
       const auto t = r.u32();
-      if (t != static_cast<std::uint32_t>(dtype::f32) && t != static_cast<std::uint32_t>(dtype::f64))
+      if (t != static_cast<std::uint32_t>(dtype::f32) &&
+          t != static_cast<std::uint32_t>(dtype::f64))
         detail::bad(what, "unknown element type " + std::to_string(t));
       e.type = static_cast<dtype>(t);
       e.lo = r.u64();
@@ -186,15 +198,17 @@ inline std::vector<state_entry> decode_states(std::string_view s) {
       e.step = r.u64();
       e.nslots = r.u32();
       if (!(e.lo <= e.hi && e.hi <= e.total))
-        detail::bad(what, "key " + std::to_string(e.key) + ": range [" + std::to_string(e.lo) + ", " +
-                              std::to_string(e.hi) + ") of " + std::to_string(e.total));
+        detail::bad(what, "key " + std::to_string(e.key) + ": range [" + std::to_string(e.lo) +
+                              ", " + std::to_string(e.hi) + ") of " + std::to_string(e.total));
       if (e.nslots > max_state_slots)
-        detail::bad(what, "key " + std::to_string(e.key) + ": " + std::to_string(e.nslots) + " slots");
+        detail::bad(what,
+                    "key " + std::to_string(e.key) + ": " + std::to_string(e.nslots) + " slots");
       // nslots * (hi - lo) * elem without overflow: compare against the bytes present.
       const std::uint64_t elem = dtype_size(e.type), n = e.hi - e.lo, avail = r.remaining();
       if (e.nslots && (n > avail / elem / e.nslots))
-        detail::bad(what, "key " + std::to_string(e.key) + ": " + std::to_string(e.nslots) + " slots of " +
-                              std::to_string(n) + " elements in " + std::to_string(avail) + " bytes");
+        detail::bad(what, "key " + std::to_string(e.key) + ": " + std::to_string(e.nslots) +
+                              " slots of " + std::to_string(n) + " elements in " +
+                              std::to_string(avail) + " bytes");
       e.raw = r.bytes(static_cast<std::size_t>(e.nslots * n * elem));
       out.push_back(e);
     }

@@ -92,7 +92,8 @@ inline std::string encode_rows(const std::int64_t* rows, std::size_t n) {
     if (n) std::memcpy(s.data(), rows, n * 8);
   } else {
     for (std::size_t i = 0; i < n; ++i)
-      for (int b = 0; b < 8; ++b) s[i * 8 + b] = static_cast<char>(static_cast<std::uint64_t>(rows[i]) >> (8 * b));
+      for (int b = 0; b < 8; ++b)
+        s[i * 8 + b] = static_cast<char>(static_cast<std::uint64_t>(rows[i]) >> (8 * b));
   }
   return s;
 }

@@ -51,9 +51,9 @@ struct part_snapshot {
 /// One key slice as saved.
 struct slice_snapshot : slice_header {
   slice_snapshot() { type = dtype::f32; }
-  std::string value;                 // (hi - lo) elements, raw
-  std::uint64_t step = 0;            // optimizer steps applied
-  std::vector<std::string> slots;    // optimizer state slots, raw, (hi - lo) elements each
+  std::string value;               // (hi - lo) elements, raw
+  std::uint64_t step = 0;          // optimizer steps applied
+  std::vector<std::string> slots;  // optimizer state slots, raw, (hi - lo) elements each
   std::vector<std::pair<int, std::uint64_t>> applied;  // per worker: last push applied
   std::vector<part_snapshot> parts;  // per worker: an async push applied in part (version 2)
 };
@@ -65,7 +65,8 @@ struct shard_snapshot {
 };
 
 /// The snapshot file around `body`: magic | u32 version | u64 body length | u32 crc32(body) | body.
-inline std::string wrap_snapshot_body(std::string_view body, std::uint32_t version = snapshot_version) {
+inline std::string wrap_snapshot_body(std::string_view body,
+                                      std::uint32_t version = snapshot_version) {
   meta_writer h;
   h.raw(std::string_view(snapshot_magic, sizeof snapshot_magic))
       .u32(version)
@@ -82,8 +83,15 @@ inline std::string encode_snapshot(const shard_snapshot& s) {
   b.u32(static_cast<std::uint32_t>(s.rank)).str(s.optimizer_name).str(s.optimizer_params);
   b.u64(s.slices.size());
   for (auto& x : s.slices) {
-    b.u64(x.key).u32(static_cast<std::uint32_t>(x.type)).u64(x.total).u64(x.lo).u64(x.hi)
-        .u64(x.row_length).u64(x.round).u64(x.step).u64(x.value.size())
+    b.u64(x.key)
+        .u32(static_cast<std::uint32_t>(x.type))
+        .u64(x.total)
+        .u64(x.lo)
+        .u64(x.hi)
+        .u64(x.row_length)
+        .u64(x.round)
+        .u64(x.step)
+        .u64(x.value.size())
         .u32(static_cast<std::uint32_t>(x.slots.size()));
     b.raw(x.value);
     for (auto& sl : x.slots) b.raw(sl);
@@ -103,16 +111,19 @@ inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string&
   };
   const std::size_t head = sizeof snapshot_magic + 4 + 8 + 4;
   if (bytes.size() < head) throw bad("truncated (" + std::to_string(bytes.size()) + " bytes)");
-  if (std::memcmp(bytes.data(), snapshot_magic, sizeof snapshot_magic) != 0) throw bad("not a kvstore server snapshot");
+  if (std::memcmp(bytes.data(), snapshot_magic, sizeof snapshot_magic) != 0)
+    throw bad("not a kvstore server snapshot");
   try {
     meta_reader h(bytes.substr(sizeof snapshot_magic, head - sizeof snapshot_magic));
     const auto version = h.u32();
     if (version != snapshot_version && version != 1)
-      throw bad("format version " + std::to_string(version) + ", expected " + std::to_string(snapshot_version));
+      throw bad("format version " + std::to_string(version) + ", expected " +
+                std::to_string(snapshot_version));
     const auto len = h.u64();
     const auto crc = h.u32();
     if (len != bytes.size() - head)
-      throw bad("body of " + std::to_string(bytes.size() - head) + " bytes, header says " + std::to_string(len));
+      throw bad("body of " + std::to_string(bytes.size() - head) + " bytes, header says " +
+                std::to_string(len));
     std::string_view body = bytes.substr(head);
     if (kvstore::detail::checksum(body) != crc) throw bad("checksum mismatch (corrupt)");
     meta_reader r(body);
@@ -126,7 +137,8 @@ inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string&
       slice_snapshot x;
       x.key = r.u64();
       const auto t = r.u32();
-      if (t != static_cast<std::uint32_t>(dtype::f32) && t != static_cast<std::uint32_t>(dtype::f64))
+      if (t != static_cast<std::uint32_t>(dtype::f32) &&
+          t != static_cast<std::uint32_t>(dtype::f64))
         throw bad("unknown element type " + std::to_string(t));
       x.type = static_cast<dtype>(t);
       x.total = r.u64();
@@ -140,8 +152,8 @@ inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string&
       const std::size_t elem = dtype_size(x.type);
       if (x.lo >= x.hi || x.hi > x.total ||
           (x.row_length && (x.total % x.row_length || x.lo % x.row_length || x.hi % x.row_length)))
-        throw bad("slice [" + std::to_string(x.lo) + ", " + std::to_string(x.hi) + ") of " + std::to_string(x.total) +
-                  " is not valid");
+        throw bad("slice [" + std::to_string(x.lo) + ", " + std::to_string(x.hi) + ") of " +
+                  std::to_string(x.total) + " is not valid");
       if ((x.hi - x.lo) > r.remaining() / elem || vbytes != (x.hi - x.lo) * elem)
         throw bad("value size does not match its slice");
       if (nslots > max_state_slots) throw bad("too many optimizer slots");
