@@ -5,6 +5,7 @@ set -euo pipefail
 
 APT_PACKAGES=(
   cmake ninja-build g++ clang ccache                      # toolchain
+  clang-format doxygen python3                            # format and layer checks, the docs target
   libclang-rt-14-dev                                      # libFuzzer + sanitizer runtimes (scripts/fuzz.sh)
   libboost1.81-dev libboost-serialization1.81-dev         # Boost.Asio + Boost.Serialization
   libboost-program-options1.81-dev                        # kv_server's and kv_launch's command lines

@@ -29,9 +29,29 @@ run_ctest() {
   ((rc == 0)) || failed+=("$name")
 }
 
+# The tree is clang-formatted and its include graph follows docs/DESIGN.md: cheap, so first.
+echo "== checks: clang-format, layers =="
+if git rev-parse --git-dir >/dev/null 2>&1; then
+  if git ls-files -z '*.hpp' '*.cpp' '*.cu' | xargs -0 clang-format --dry-run -Werror; then
+    summaries+=("$(printf '%-22s %s' "clang-format:" "every C++ file matches .clang-format")")
+  else
+    summaries+=("$(printf '%-22s %s' "clang-format:" "FAILED (run clang-format -i on the files above)")")
+    failed+=("clang-format")
+  fi
+fi
+if python3 scripts/check_layers.py; then
+  summaries+=("$(printf '%-22s %s' "layers:" "include graph follows docs/DESIGN.md")")
+else
+  failed+=("layers")
+fi
+
 echo "== build (build/, RelWithDebInfo) =="
 configure build
 cmake --build build -j"$JOBS"
+if cmake --build build --target help | grep -q '^docs:'; then
+  echo "== docs: the API reference from the headers (build/docs/html) =="
+  cmake --build build --target docs || failed+=("docs")
+fi
 
 echo "== tests =="
 run_ctest tests build
