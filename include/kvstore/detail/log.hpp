@@ -1,5 +1,6 @@
 // Minimal logging to stderr: one line per call, written at once so lines of threads don't mix.
-// KVSTORE_LOG=0 silences info lines; warnings (refused frames, dead nodes) always print.
+// Info lines print only with KVSTORE_LOG set (and not 0); warnings (refused frames, dead nodes)
+// always print.
 #pragma once
 
 #include <cstdio>

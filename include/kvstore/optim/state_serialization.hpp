@@ -1,6 +1,6 @@
-// Boost.Serialization of per-key optimizer state, shared by the optimizer-state file and the
-// server checkpoints so both write a state the same way. Include this instead of defining another
-// serialize for state<T>.
+// Boost.Serialization of per-key optimizer state, for the optimizer-state file (a trusted local
+// file). Server snapshots and the wire carry the same slots as raw bytes (wire/snapshot.hpp,
+// wire/messages.hpp). Include this instead of defining another serialize for state<T>.
 #pragma once
 
 #include <kvstore/optim/optimizer.hpp>
