@@ -8,6 +8,7 @@
 #include <kvstore/device/runtime.hpp>
 #include <kvstore/fwd.hpp>
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -102,6 +103,7 @@ class completion_queue {
   // work is pending, sleeps when none is.
   void poll() {
     std::vector<item> done;
+    unsigned idle_polls = 0;
     std::unique_lock lk(m_);
     for (;;) {
       cv_.wait(lk, [&] { return stop_ || pending_ > 0; });
@@ -123,11 +125,17 @@ class completion_queue {
         }
       }
       if (done.empty()) {
+        // Each query takes the driver's lock, which the threads issuing work need too: after a
+        // run of empty polls, back off a little.
         lk.unlock();
-        std::this_thread::yield();
+        if (++idle_polls < 64)
+          std::this_thread::yield();
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
         lk.lock();
         continue;
       }
+      idle_polls = 0;
       // Parts complete before pending_ drops, so after drain() every op handed in is done.
       lk.unlock();
       for (auto& d : done)

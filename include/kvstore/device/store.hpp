@@ -70,8 +70,8 @@ struct device_entry {
   std::vector<device_buffer<T>> slots;
   std::uint64_t state_gen = 0;
   device_buffer<T> scratch;  ///< partial sums of more than max_fused_inputs values
-  /// The stream of the key's last op and an event recorded after it: the next op on another
-  /// stream waits for it on the device, wait(key) on the host.
+  /// The stream of the key's last op, and an event recorded there when another stream (the next
+  /// op's, stream_wait's consumer) must wait for it on the device.
   rt::stream_t last_stream = nullptr;
   rt::event_t done = nullptr;
   std::shared_ptr<op_state> last_op;  ///< the op of the last part issued (wait(key) waits for it)
@@ -389,7 +389,12 @@ class KVStore<device, T> {
     impl_->eng.wait_key(k.id());
     auto& e = find("stream_wait", k);
     std::lock_guard lk(e.m);
-    if (e.done) on_device("stream_wait", e, [&] { detail::rt::stream_wait_event(consumer, e.done); });
+    if (e.last_stream)
+      on_device("stream_wait", e, [&] {
+        detail::rt::device_guard g(e.owner);
+        detail::rt::event_record(e.done, e.last_stream);
+        detail::rt::stream_wait_event(consumer, e.done);
+      });
   }
 
   // ---- optimizers ----------------------------------------------------------------------------
@@ -684,9 +689,13 @@ class KVStore<device, T> {
               const int si = priority > 0 ? 1 : 0;
               detail::rt::stream_t s = c.streams[si];
               detail::rt::device_guard g(ep->owner);
-              if (ep->last_stream && ep->last_stream != s) detail::rt::stream_wait_event(s, ep->done);
+              // The key's previous op ran on the other stream: wait for it on the device. The
+              // event is recorded now, so it may also cover later work of other keys there.
+              if (ep->last_stream && ep->last_stream != s) {
+                detail::rt::event_record(ep->done, ep->last_stream);
+                detail::rt::stream_wait_event(s, ep->done);
+              }
               work(c, si, s);
-              detail::rt::event_record(ep->done, s);
               ep->last_stream = s;
               ep->last_op = st;
               impl->done_q.add(ep->owner, s, st);
@@ -810,9 +819,19 @@ class KVStore<device, T> {
     detail::rt::stream_sync(s);  // the host vectors go out of scope
   }
 
-  // Broadcast from the owner: one copy per output (peer copy, or device to host).
-  static void issue_pull(entry& e, detail::rt::stream_t s, std::span<const out_ref> outs) {
-    for (auto& o : outs) detail::rt::copy_async(o.ptr, e.value.data(), e.size * sizeof(T), s);
+  // Broadcast from the owner: one copy per output. An output the owner's kernels can write (its
+  // own memory, a peer's) is written by a copy kernel, which costs less to launch than a
+  // device-to-device cudaMemcpyAsync; host memory gets a plain copy.
+  static void issue_pull(detail::device_impl<T>& impl, entry& e, detail::rt::stream_t s,
+                         std::span<const out_ref> outs) {
+    for (auto& o : outs) {
+      if (impl.readable(e.owner, o.dev)) {
+        const T* src = e.value.data();
+        reduce::fused_sum_update<T>(s, &src, 1, o.ptr, nullptr, nullptr, o.ptr, e.size, reduce::device_update<T>{});
+      } else {
+        detail::rt::copy_async(o.ptr, e.value.data(), e.size * sizeof(T), s);
+      }
+    }
   }
 
   template <class L>
@@ -910,8 +929,8 @@ class KVStore<device, T> {
     for (auto& g : groups) {
       entry& e = *g.h;
       submit(e, priority, st, call, may_inline(e, nullptr),
-             [ep = &e, outs = std::move(g.bufs)](detail::device_ctx&, int, detail::rt::stream_t s) {
-               issue_pull(*ep, s, outs);
+             [impl = impl_.get(), ep = &e, outs = std::move(g.bufs)](detail::device_ctx&, int, detail::rt::stream_t s) {
+               issue_pull(*impl, *ep, s, outs);
              });
     }
     return op(std::move(st));
@@ -925,7 +944,7 @@ class KVStore<device, T> {
     submit(e, priority, st, "pushpull", may_inline(e, opt.get()),
            [impl = impl_.get(), ep = &e, value, out, opt](detail::device_ctx& c, int si, detail::rt::stream_t s) {
              issue_push(*impl, *ep, c, si, s, std::span<const in_ref>(&value, 1), opt.get());
-             issue_pull(*ep, s, std::span<const out_ref>(&out, 1));
+             issue_pull(*impl, *ep, s, std::span<const out_ref>(&out, 1));
            });
     return op(std::move(st));
   }
