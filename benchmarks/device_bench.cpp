@@ -39,7 +39,9 @@ namespace rt = kvstore::detail::rt;
 using clk = std::chrono::steady_clock;
 using store = kvstore::KVStore<kvstore::device, float>;
 
-double secs(clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+double secs(clk::time_point a, clk::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 struct stats {
   double med = 0, min = 0, max = 0;
@@ -66,8 +68,8 @@ bool write_json(const std::string& path) {
   for (std::size_t i = 0; i < results.size(); ++i) {
     const auto& r = results[i];
     char buf[512];
-    std::snprintf(buf, sizeof buf, "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", ", r.name.c_str(), r.value,
-                  r.unit.c_str());
+    std::snprintf(buf, sizeof buf, "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", ",
+                  r.name.c_str(), r.value, r.unit.c_str());
     f << buf;
     if (r.baseline >= 0)
       std::snprintf(buf, sizeof buf, "\"baseline\": %.6g, \"ratio\": %.4f}", r.baseline, r.ratio);
@@ -80,7 +82,8 @@ bool write_json(const std::string& path) {
 }
 
 std::string size_name(std::size_t bytes) {
-  return bytes >= (1u << 20) ? std::to_string(bytes >> 20) + "MiB" : std::to_string(bytes >> 10) + "KiB";
+  return bytes >= (1u << 20) ? std::to_string(bytes >> 20) + "MiB"
+                             : std::to_string(bytes >> 10) + "KiB";
 }
 
 // Repetitions per size: enough bytes per measurement that launch latency does not dominate.
@@ -110,7 +113,8 @@ void stream_sum(float* d, const std::vector<const float*>& s, std::size_t n) {
   } else {
     const float *c = s[2], *e = s[3], *f = s[4], *g = s[5], *h = s[6], *x = s[7];
 #pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) d[i] = a[i] + b[i] + c[i] + e[i] + f[i] + g[i] + h[i] + x[i];
+    for (std::size_t i = 0; i < n; ++i)
+      d[i] = a[i] + b[i] + c[i] + e[i] + f[i] + g[i] + h[i] + x[i];
   }
 }
 
@@ -119,9 +123,10 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
   for (std::size_t b = 4u << 10; b <= max_bytes; b *= 4) sizes.push_back(b);
   if (sizes.back() != max_bytes) sizes.push_back(max_bytes);
   bool ok = true;
-  std::printf("(a) k-way sum into the owner vs a device-to-device copy of the same bytes%s;\n"
-              "    GB/s = bytes read + written per second (1e9); median of reps [min, max]\n",
-              rt::is_cuda ? "" : " and a STREAM-style OpenMP loop");
+  std::printf(
+      "(a) k-way sum into the owner vs a device-to-device copy of the same bytes%s;\n"
+      "    GB/s = bytes read + written per second (1e9); median of reps [min, max]\n",
+      rt::is_cuda ? "" : " and a STREAM-style OpenMP loop");
   for (int k : {2, 4, 8}) {
     for (std::size_t bytes : sizes) {
       const std::size_t n = bytes / sizeof(float);
@@ -131,8 +136,10 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
       std::vector<kvstore::device_span<const float>> spans;
       for (int j = 0; j < k; ++j) {
         std::vector<float> h(n);
-        for (std::size_t i = 0; i < n; ++i) h[i] = static_cast<float>((i + static_cast<std::size_t>(j)) % 64);
-        src.emplace_back(std::span<const float>(h), devs[static_cast<std::size_t>(j) % devs.size()]);
+        for (std::size_t i = 0; i < n; ++i)
+          h[i] = static_cast<float>((i + static_cast<std::size_t>(j)) % 64);
+        src.emplace_back(std::span<const float>(h),
+                         devs[static_cast<std::size_t>(j) % devs.size()]);
         spans.push_back(src.back().cspan());
       }
       kvstore::device_buffer<float> copy_dst(n, owner), kernel_dst(n, owner);
@@ -145,7 +152,8 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
       std::vector<double> t_sum, t_copy, t_stream, t_kernel;
       for (int r = 0; r < reps + 1; ++r) {
         auto a = clk::now();
-        for (int i = 0; i < batch; ++i) kv.push(0, std::span<const kvstore::device_span<const float>>(spans));
+        for (int i = 0; i < batch; ++i)
+          kv.push(0, std::span<const kvstore::device_span<const float>>(spans));
         kv.wait_all();
         auto b = clk::now();
         for (int i = 0; i < batch; ++i) rt::copy_async(copy_dst.data(), src[0].data(), bytes, cs);
@@ -157,8 +165,9 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
         {  // the fused kernel alone, no store around it
           rt::device_guard g(owner);
           for (int i = 0; i < batch; ++i)
-            kvstore::reduce::fused_sum_update<float>(cs, raw.data(), k, kernel_dst.data(), nullptr, nullptr,
-                                                     kernel_dst.data(), n, kvstore::reduce::device_update<float>{});
+            kvstore::reduce::fused_sum_update<float>(cs, raw.data(), k, kernel_dst.data(), nullptr,
+                                                     nullptr, kernel_dst.data(), n,
+                                                     kvstore::reduce::device_update<float>{});
           rt::stream_sync(cs);
         }
         auto e = clk::now();
@@ -166,24 +175,30 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
         t_kernel.push_back(double(k + 1) * double(bytes) * batch / secs(d, e) / 1e9);
         t_sum.push_back(double(k + 1) * double(bytes) * batch / secs(a, b) / 1e9);
         t_copy.push_back(2.0 * double(bytes) * batch / secs(b, c) / 1e9);
-        if (!rt::is_cuda) t_stream.push_back(double(k + 1) * double(bytes) * batch / secs(c, d) / 1e9);
+        if (!rt::is_cuda)
+          t_stream.push_back(double(k + 1) * double(bytes) * batch / secs(c, d) / 1e9);
       }
       rt::stream_destroy(owner, cs);
       std::vector<float> got(n);
       kv.pull(0, std::span<float>(got)).wait();
       for (std::size_t i = 0; i < n && ok; i += 997) {
         float want = 0;
-        for (int j = 0; j < k; ++j) want += static_cast<float>((i + static_cast<std::size_t>(j)) % 64);
+        for (int j = 0; j < k; ++j)
+          want += static_cast<float>((i + static_cast<std::size_t>(j)) % 64);
         if (got[i] != want) {
-          std::fprintf(stderr, "device_bench: sum k=%d: element %zu is %g, expected %g\n", k, i, got[i], want);
+          std::fprintf(stderr, "device_bench: sum k=%d: element %zu is %g, expected %g\n", k, i,
+                       got[i], want);
           ok = false;
         }
       }
       const auto s = summarize(t_sum), c = summarize(t_copy), kn = summarize(t_kernel);
       const std::string nm = "sum_k" + std::to_string(k) + "_" + size_name(bytes);
-      std::printf("    k=%d %8s  store push %7.1f GB/s [%.1f, %.1f]  kernel %7.1f  copy %7.1f GB/s  ratio store/copy %.3f"
-                  " kernel/copy %.3f",
-                  k, size_name(bytes).c_str(), s.med, s.min, s.max, kn.med, c.med, s.med / c.med, kn.med / c.med);
+      std::printf(
+          "    k=%d %8s  store push %7.1f GB/s [%.1f, %.1f]  kernel %7.1f  copy %7.1f GB/s  ratio "
+          "store/copy %.3f"
+          " kernel/copy %.3f",
+          k, size_name(bytes).c_str(), s.med, s.min, s.max, kn.med, c.med, s.med / c.med,
+          kn.med / c.med);
       results.push_back({nm + "_vs_copy", s.med, "GB/s", c.med, s.med / c.med});
       results.push_back({nm + "_kernel_vs_copy", kn.med, "GB/s", c.med, kn.med / c.med});
       if (!rt::is_cuda) {
@@ -200,7 +215,8 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
 }
 
 bool bench_fused(bool quick, std::size_t max_bytes, const std::vector<int>& devs) {
-  const std::size_t bytes = std::min<std::size_t>(max_bytes, quick ? (1u << 20) : (rt::is_cuda ? 256u : 64u) << 20);
+  const std::size_t bytes =
+      std::min<std::size_t>(max_bytes, quick ? (1u << 20) : (rt::is_cuda ? 256u : 64u) << 20);
   const std::size_t n = bytes / sizeof(float);
   const int owner = devs[0];
   const int k = 4, reps = quick ? 3 : 11, batch = 4;
@@ -216,8 +232,9 @@ bool bench_fused(bool quick, std::size_t max_bytes, const std::vector<int>& devs
   kvstore::device_buffer<float> scratch(n, owner);
   rt::stream_t s = rt::stream_create(owner, 0);
   rt::device_guard g(owner);
-  std::printf("(b) fused sum + SGD vs sum then SGD, %d values of %s on the owner; time per update\n", k,
-              size_name(bytes).c_str());
+  std::printf(
+      "(b) fused sum + SGD vs sum then SGD, %d values of %s on the owner; time per update\n", k,
+      size_name(bytes).c_str());
   for (double momentum : {0.0, 0.9}) {
     kvstore::reduce::device_update<float> u;
     u.kind = kvstore::reduce::device_update<float>::sgd;
@@ -227,14 +244,17 @@ bool bench_fused(bool quick, std::size_t max_bytes, const std::vector<int>& devs
     for (int r = 0; r < reps + 1; ++r) {
       auto a = clk::now();
       for (int i = 0; i < batch; ++i)
-        kvstore::reduce::fused_sum_update<float>(s, p.data(), k, w.data(), s0, nullptr, scratch.data(), n, u);
+        kvstore::reduce::fused_sum_update<float>(s, p.data(), k, w.data(), s0, nullptr,
+                                                 scratch.data(), n, u);
       rt::stream_sync(s);
       auto b = clk::now();
       for (int i = 0; i < batch; ++i) {
-        kvstore::reduce::fused_sum_update<float>(s, p.data(), k, scratch.data(), nullptr, nullptr, scratch.data(), n,
+        kvstore::reduce::fused_sum_update<float>(s, p.data(), k, scratch.data(), nullptr, nullptr,
+                                                 scratch.data(), n,
                                                  kvstore::reduce::device_update<float>{});
         const float* gp = scratch.data();
-        kvstore::reduce::fused_sum_update<float>(s, &gp, 1, w.data(), s0, nullptr, scratch.data(), n, u);
+        kvstore::reduce::fused_sum_update<float>(s, &gp, 1, w.data(), s0, nullptr, scratch.data(),
+                                                 n, u);
       }
       rt::stream_sync(s);
       auto c = clk::now();
@@ -244,10 +264,12 @@ bool bench_fused(bool quick, std::size_t max_bytes, const std::vector<int>& devs
     }
     const auto f = summarize(t_f), uu = summarize(t_u);
     const std::string nm = momentum > 0 ? "fused_sum_sgd_momentum_" : "fused_sum_sgd_";
-    std::printf("    %-14s fused %8.3f ms [%.3f, %.3f]  unfused %8.3f ms  speedup %.3f%s\n",
-                momentum > 0 ? "SGD momentum" : "plain SGD", f.med * 1e3, f.min * 1e3, f.max * 1e3, uu.med * 1e3,
-                uu.med / f.med,
-                quick ? "" : (uu.med / f.med >= 1.3 ? "  (target >= 1.3: met)" : "  (target >= 1.3: NOT met)"));
+    std::printf(
+        "    %-14s fused %8.3f ms [%.3f, %.3f]  unfused %8.3f ms  speedup %.3f%s\n",
+        momentum > 0 ? "SGD momentum" : "plain SGD", f.med * 1e3, f.min * 1e3, f.max * 1e3,
+        uu.med * 1e3, uu.med / f.med,
+        quick ? ""
+              : (uu.med / f.med >= 1.3 ? "  (target >= 1.3: met)" : "  (target >= 1.3: NOT met)"));
     results.push_back({nm + size_name(bytes), f.med * 1e3, "ms", uu.med * 1e3, uu.med / f.med});
   }
   rt::stream_destroy(owner, s);
@@ -298,9 +320,11 @@ bool bench_small(bool quick, const std::vector<int>& devs) {
     if (!ok) std::fprintf(stderr, "device_bench: small ops: key %zu pulled a wrong value\n", k);
   }
   const auto s1 = summarize(t_kv), s2 = summarize(t_raw);
-  std::printf("(c) push+pull of 4 KiB over %zu keys, %d rounds: store %10.0f ops/s [%.0f, %.0f]; raw copies %10.0f "
-              "ops/s; ratio %.3f\n",
-              keys, rounds, s1.med, s1.min, s1.max, s2.med, s1.med / s2.med);
+  std::printf(
+      "(c) push+pull of 4 KiB over %zu keys, %d rounds: store %10.0f ops/s [%.0f, %.0f]; raw "
+      "copies %10.0f "
+      "ops/s; ratio %.3f\n",
+      keys, rounds, s1.med, s1.min, s1.max, s2.med, s1.med / s2.med);
   results.push_back({"small_4KiB_push_pull_1000keys", s1.med, "ops/s", s2.med, s1.med / s2.med});
   return ok;
 }
@@ -335,9 +359,12 @@ bool bench_staging(bool quick, std::size_t max_bytes, const std::vector<int>& de
     t_page.push_back(double(bytes) / secs(b, c) / 1e9);
   }
   const auto p = summarize(t_pin), q = summarize(t_page);
-  std::printf("(d) device -> host staging of %s: pinned %.2f GB/s [%.2f, %.2f], pageable %.2f GB/s, ratio %.3f\n",
-              size_name(bytes).c_str(), p.med, p.min, p.max, q.med, p.med / q.med);
-  results.push_back({"staging_d2h_pinned_" + size_name(bytes), p.med, "GB/s", q.med, p.med / q.med});
+  std::printf(
+      "(d) device -> host staging of %s: pinned %.2f GB/s [%.2f, %.2f], pageable %.2f GB/s, ratio "
+      "%.3f\n",
+      size_name(bytes).c_str(), p.med, p.min, p.max, q.med, p.med / q.med);
+  results.push_back(
+      {"staging_d2h_pinned_" + size_name(bytes), p.med, "GB/s", q.med, p.med / q.med});
   return true;
 }
 
@@ -373,8 +400,9 @@ int main(int argc, char** argv) {
   if (quick) max_mib = 1;
   const std::size_t max_bytes = max_mib << 20;
   std::printf("device_bench%s: KVStore<device> (%s, %zu device%s) vs plain device work, same run\n",
-              quick ? " --quick (tiny sizes, no targets judged)" : "", rt::is_cuda ? "CUDA" : "Thrust OMP backend",
-              devs.size(), devs.size() == 1 ? "" : "s");
+              quick ? " --quick (tiny sizes, no targets judged)" : "",
+              rt::is_cuda ? "CUDA" : "Thrust OMP backend", devs.size(),
+              devs.size() == 1 ? "" : "s");
   bool ok = true;
   try {
     ok = bench_sum(quick, max_bytes, devs) && ok;

@@ -118,8 +118,9 @@ class completion_queue {
           if (r != cudaSuccess) {
             (void)cudaGetLastError();
             done.back().st->complete_part(std::make_exception_ptr(
-                error(errc::device_error, std::string("kvstore: device ") + std::to_string(done.back().dev) +
-                                              ": the op's device work failed: " + cudaGetErrorString(r))));
+                error(errc::device_error,
+                      std::string("kvstore: device ") + std::to_string(done.back().dev) +
+                          ": the op's device work failed: " + cudaGetErrorString(r))));
             done.back().st.reset();
           }
         }

@@ -131,8 +131,8 @@ struct device_impl {
 
   device_options opts;
   std::vector<std::unique_ptr<device_ctx>> devs;  ///< in opts.devices order
-  std::vector<std::vector<char>> peer;           ///< peer[i][j]: devs[i]'s kernels read devs[j]'s memory
-  std::shared_mutex m;                           ///< guards `keys` (the map) and `opt`
+  std::vector<std::vector<char>> peer;  ///< peer[i][j]: devs[i]'s kernels read devs[j]'s memory
+  std::shared_mutex m;                  ///< guards `keys` (the map) and `opt`
   std::unordered_map<std::uint64_t, std::unique_ptr<device_entry<T>>> keys;
   std::shared_ptr<const device_optimizer<T>> opt;
   std::uint64_t generation = 0;
@@ -151,7 +151,8 @@ struct device_impl {
     // staging it there too keeps that path tested wherever the device tests run.
     if (dev < 0) return false;
     if (!rt::is_cuda) return true;  // virtual devices over host memory
-    return dev == owner || peer[static_cast<std::size_t>(index_of(owner))][static_cast<std::size_t>(index_of(dev))];
+    return dev == owner ||
+           peer[static_cast<std::size_t>(index_of(owner))][static_cast<std::size_t>(index_of(dev))];
   }
   void sync_all() noexcept {
     for (auto& d : devs)
@@ -163,7 +164,8 @@ struct device_impl {
   }
 };
 
-[[noreturn]] inline void device_fail(errc c, std::string_view call, const key& k, const std::string& problem) {
+[[noreturn]] inline void device_fail(errc c, std::string_view call, const key& k,
+                                     const std::string& problem) {
   throw error(c, "kvstore: " + std::string(call) + " of key " + k.str() + ": " + problem);
 }
 
@@ -207,12 +209,13 @@ class KVStore<device, T> {
     if (ds.empty()) throw error(errc::invalid_argument, "kvstore: device store with no devices");
     for (std::size_t i = 0; i < ds.size(); ++i) {
       if (!detail::rt::device_exists(ds[i]))
-        throw error(errc::invalid_argument, "kvstore: device " + std::to_string(ds[i]) +
-                                                " does not exist (" + std::to_string(detail::rt::device_count()) +
-                                                " visible)");
+        throw error(errc::invalid_argument,
+                    "kvstore: device " + std::to_string(ds[i]) + " does not exist (" +
+                        std::to_string(detail::rt::device_count()) + " visible)");
       for (std::size_t j = 0; j < i; ++j)
         if (ds[j] == ds[i])
-          throw error(errc::invalid_argument, "kvstore: device " + std::to_string(ds[i]) + " listed twice");
+          throw error(errc::invalid_argument,
+                      "kvstore: device " + std::to_string(ds[i]) + " listed twice");
     }
     for (int d : ds) {
       auto c = std::make_unique<detail::device_ctx>();
@@ -253,7 +256,9 @@ class KVStore<device, T> {
 
   /// Stores the first value of `k` on its owner device. Returns once stored.
   /// Throws: already_inited, invalid_argument (bad device, id taken by another name).
-  void init(key k, device_span<const T> value) { init_entries({{std::move(k), ref("init", k, value), 0}}); }
+  void init(key k, device_span<const T> value) {
+    init_entries({{std::move(k), ref("init", k, value), 0}});
+  }
   void init(key k, std::span<const T> value) { init_entries({{std::move(k), ref(value), 0}}); }
   /// A matrix key of value.size() / row_length rows (push_rows / pull_rows). Throws as init, and
   /// invalid_argument (row_length 0), size_mismatch (size not a multiple of row_length).
@@ -267,7 +272,9 @@ class KVStore<device, T> {
   void init(std::span<const key> ks, std::span<const device_span<const T>> values) {
     init_many(ks, values);
   }
-  void init(std::span<const key> ks, std::span<const std::span<const T>> values) { init_many(ks, values); }
+  void init(std::span<const key> ks, std::span<const std::span<const T>> values) {
+    init_many(ks, values);
+  }
 
   // ---- push ----------------------------------------------------------------------------------
 
@@ -300,7 +307,8 @@ class KVStore<device, T> {
 
   // ---- pull ----------------------------------------------------------------------------------
 
-  /// Copies the newest value of `k` into `out`. Throws: unknown_key, size_mismatch, invalid_argument.
+  /// Copies the newest value of `k` into `out`. Throws: unknown_key, size_mismatch,
+  /// invalid_argument.
   op pull(key k, device_span<T> out, int priority = 0) {
     auto& e = find("pull", k);
     return pull_groups("pull", {ogroup{&e, {ref("pull", k, out)}}}, priority);
@@ -340,11 +348,13 @@ class KVStore<device, T> {
   /// Pushes rows of a matrix key (rows on the host; values rows.size() * row_length elements).
   /// Rows named twice are summed first; with an optimizer, they are gradients of those rows only.
   /// Throws: unknown_key, not_a_matrix, row_out_of_range, invalid_argument.
-  op push_rows(key k, std::span<const std::int64_t> rows, device_span<const T> values, int priority = 0) {
+  op push_rows(key k, std::span<const std::int64_t> rows, device_span<const T> values,
+               int priority = 0) {
     auto& e = find("push_rows", k);
     return push_rows_impl(e, rows, ref("push_rows", k, values), priority);
   }
-  op push_rows(key k, std::span<const std::int64_t> rows, std::span<const T> values, int priority = 0) {
+  op push_rows(key k, std::span<const std::int64_t> rows, std::span<const T> values,
+               int priority = 0) {
     return push_rows_impl(find("push_rows", k), rows, ref(values), priority);
   }
   /// Copies rows of a matrix key, in the order named, into `out`. Throws as push_rows.
@@ -409,9 +419,8 @@ class KVStore<device, T> {
   /// Sets a callable `(kvstore::key, std::span<const T> grad, std::span<T> weight)`, applied on
   /// host copies of the summed gradient and the weight (both host memory), then copied back.
   template <class F>
-    requires(!optim::registered_optimizer<std::remove_cvref_t<F>> &&
-             optim::callable_optimizer<std::remove_cvref_t<F>, T>)
-  void set_optimizer(F&& f) {
+  requires(!optim::registered_optimizer<std::remove_cvref_t<F>> &&
+           optim::callable_optimizer<std::remove_cvref_t<F>, T>) void set_optimizer(F&& f) {
     install(optim::from_callable<T>(std::remove_cvref_t<F>(std::forward<F>(f))));
   }
   /// Sets a type-erased optimizer (fused when its name is sgd, adam or adagrad).
@@ -421,7 +430,8 @@ class KVStore<device, T> {
   }
 
   /// Writes every key's optimizer state (copied from the devices) to `path`, in the file format
-  /// of KVStore<local>: a file one saves, the other loads. Waits for every op first. Throws io_error.
+  /// of KVStore<local>: a file one saves, the other loads. Waits for every op first. Throws
+  /// io_error.
   void save_optimizer_states(const std::filesystem::path& path) {
     wait_all();
     std::map<std::uint64_t, optim::key_state<T>> states;
@@ -459,11 +469,13 @@ class KVStore<device, T> {
         detail::device_fail(errc::unknown_key, "load_optimizer_states", shown,
                             "the file has a state for it, the store has no such key");
       auto& e = *it->second;
-      if (!ks.st.slots.empty() && (ks.st.slots.size() != nslots || ks.st.slots.front().size() != e.size))
+      if (!ks.st.slots.empty() &&
+          (ks.st.slots.size() != nslots || ks.st.slots.front().size() != e.size))
         detail::device_fail(errc::size_mismatch, "load_optimizer_states", e.k,
                             "saved state has " + std::to_string(ks.st.slots.size()) + " slots of " +
-                                std::to_string(ks.st.slots.front().size()) + " elements, expected " +
-                                std::to_string(nslots) + " of " + std::to_string(e.size));
+                                std::to_string(ks.st.slots.front().size()) +
+                                " elements, expected " + std::to_string(nslots) + " of " +
+                                std::to_string(e.size));
       found.emplace_back(&e, &ks);
     }
     // Upload first (may fail: out of memory), then swap in, so a failure changes nothing.
@@ -493,7 +505,8 @@ class KVStore<device, T> {
   int num_dead_node(int /*node_id*/, int /*timeout_sec*/ = 60) const { return 0; }
   /// Throws: unsupported (a device store has no servers).
   void send_command_to_servers(int /*head*/, std::string_view /*body*/) {
-    throw error(errc::unsupported, "kvstore: send_command_to_servers is a dist call; a device store has no servers");
+    throw error(errc::unsupported,
+                "kvstore: send_command_to_servers is a dist call; a device store has no servers");
   }
   void set_barrier_before_exit(bool /*on*/) {}
 
@@ -516,21 +529,23 @@ class KVStore<device, T> {
   detail::dev_ref<P> ref(std::string_view call, const key& k, device_span<P> s) const {
     if (impl_->index_of(s.device) < 0)
       detail::device_fail(errc::invalid_argument, call, k,
-                          "device " + std::to_string(s.device) + " is not one of the store's devices " +
+                          "device " + std::to_string(s.device) +
+                              " is not one of the store's devices " +
                               detail::device_list(impl_->opts.devices));
     if (s.size && s.ptr) {
       const int where = detail::rt::pointer_device(s.ptr);
       if (where >= 0 && where != s.device)
         detail::device_fail(errc::invalid_argument, call, k,
-                            "the memory given as on device " + std::to_string(s.device) + " is on device " +
-                                std::to_string(where));
+                            "the memory given as on device " + std::to_string(s.device) +
+                                " is on device " + std::to_string(where));
       if (where == detail::rt::host_memory && detail::rt::is_cuda)
         detail::device_fail(errc::invalid_argument, call, k,
                             "the memory given as on device " + std::to_string(s.device) +
                                 " is host memory (pass a std::span for host memory)");
     }
     if (s.size && !s.ptr)
-      detail::device_fail(errc::invalid_argument, call, k, "null pointer for " + std::to_string(s.size) + " elements");
+      detail::device_fail(errc::invalid_argument, call, k,
+                          "null pointer for " + std::to_string(s.size) + " elements");
     return {s.ptr, s.size, s.device, s.stream};
   }
   template <class P>
@@ -556,27 +571,32 @@ class KVStore<device, T> {
   }
   static void check_same_name(std::string_view call, const key& have, const key& k) {
     if (have.is_named() != k.is_named() || have.name() != k.name())
-      detail::device_fail(errc::invalid_argument, call, k,
-                          "its id " + std::to_string(k.id()) + " is already taken by key " + have.str());
+      detail::device_fail(
+          errc::invalid_argument, call, k,
+          "its id " + std::to_string(k.id()) + " is already taken by key " + have.str());
   }
   static void check_size(std::string_view call, const entry& e, std::size_t n) {
     if (n != e.size)
-      detail::device_fail(errc::size_mismatch, call, e.k,
-                          "size " + std::to_string(n) + " does not match the key's size " + std::to_string(e.size));
+      detail::device_fail(
+          errc::size_mismatch, call, e.k,
+          "size " + std::to_string(n) + " does not match the key's size " + std::to_string(e.size));
   }
-  static void check_rows(std::string_view call, const entry& e, std::span<const std::int64_t> rows, std::size_t n) {
+  static void check_rows(std::string_view call, const entry& e, std::span<const std::int64_t> rows,
+                         std::size_t n) {
     if (e.row_length == 0)
-      detail::device_fail(errc::not_a_matrix, call, e.k, "it was inited without a row length, so it has no rows");
+      detail::device_fail(errc::not_a_matrix, call, e.k,
+                          "it was inited without a row length, so it has no rows");
     const auto nrows = static_cast<std::int64_t>(e.rows());
     for (std::int64_t r : rows)
       if (r < 0 || r >= nrows)
         detail::device_fail(errc::row_out_of_range, call, e.k,
-                            "row " + std::to_string(r) + " is out of range (the key has " + std::to_string(nrows) +
-                                " rows)");
+                            "row " + std::to_string(r) + " is out of range (the key has " +
+                                std::to_string(nrows) + " rows)");
     if (n != rows.size() * e.row_length)
       detail::device_fail(errc::invalid_argument, call, e.k,
-                          std::to_string(rows.size()) + " rows of " + std::to_string(e.row_length) + " need " +
-                              std::to_string(rows.size() * e.row_length) + " elements, given " + std::to_string(n));
+                          std::to_string(rows.size()) + " rows of " + std::to_string(e.row_length) +
+                              " need " + std::to_string(rows.size() * e.row_length) +
+                              " elements, given " + std::to_string(n));
   }
 
   std::shared_ptr<const detail::device_optimizer<T>> current_optimizer() const {
@@ -591,8 +611,8 @@ class KVStore<device, T> {
       f();
     } catch (const error& x) {
       throw error(static_cast<errc>(x.code().value()),
-                  "kvstore: " + std::string(call) + " of key " + e.k.str() + " on device " + std::to_string(e.owner) +
-                      ": " + x.what());
+                  "kvstore: " + std::string(call) + " of key " + e.k.str() + " on device " +
+                      std::to_string(e.owner) + ": " + x.what());
     }
   }
 
@@ -602,16 +622,17 @@ class KVStore<device, T> {
     if (row_length == 0) detail::device_fail(errc::invalid_argument, "init", k, "row_length is 0");
     if (v.size % row_length != 0)
       detail::device_fail(errc::size_mismatch, "init", k,
-                          "size " + std::to_string(v.size) + " is not a multiple of the row length " +
-                              std::to_string(row_length));
+                          "size " + std::to_string(v.size) +
+                              " is not a multiple of the row length " + std::to_string(row_length));
     init_entries({{std::move(k), v, row_length}});
   }
 
   template <class S>
   void init_many(std::span<const key> ks, std::span<const S> values) {
     if (ks.size() != values.size())
-      throw error(errc::invalid_argument, "kvstore: init of " + std::to_string(ks.size()) + " keys with " +
-                                              std::to_string(values.size()) + " values");
+      throw error(errc::invalid_argument, "kvstore: init of " + std::to_string(ks.size()) +
+                                              " keys with " + std::to_string(values.size()) +
+                                              " values");
     std::vector<init_item> items;
     for (std::size_t i = 0; i < ks.size(); ++i) {
       if constexpr (is_device_span_v<S>)
@@ -647,7 +668,8 @@ class KVStore<device, T> {
       std::size_t at = 0;
       if (impl_->opts.placement == placement::balanced)
         for (std::size_t d = 1; d < impl_->devs.size(); ++d)
-          if (impl_->devs[d]->bytes_owned + added[d] < impl_->devs[at]->bytes_owned + added[at]) at = d;
+          if (impl_->devs[d]->bytes_owned + added[d] < impl_->devs[at]->bytes_owned + added[at])
+            at = d;
       added[at] += it.value.size * sizeof(T);
       const int owner = impl_->devs[at]->dev;
       std::unique_ptr<entry> e;
@@ -676,12 +698,13 @@ class KVStore<device, T> {
   // Queues one part of `st` on e's key: `work(stream)` issues the device work (e.m held), then the
   // part completes when the stream gets there. Errors while issuing fail the part.
   template <class W>
-  void submit(entry& e, int priority, const std::shared_ptr<detail::op_state>& st, std::string_view call,
-              bool may_inline, W work) {
+  void submit(entry& e, int priority, const std::shared_ptr<detail::op_state>& st,
+              std::string_view call, bool may_inline, W work) {
     detail::device_impl<T>* impl = impl_.get();
     impl->eng.submit(
         e.k.id(), priority,
-        [impl, ep = &e, st, call, priority, work = std::move(work)](const detail::engine::done_fn& done) {
+        [impl, ep = &e, st, call, priority,
+         work = std::move(work)](const detail::engine::done_fn& done) {
           try {
             std::lock_guard lk(ep->m);
             on_device(call, *ep, [&] {
@@ -720,8 +743,8 @@ class KVStore<device, T> {
 
   // The update a push applies: store, fused optimizer (its state made ready, step advanced), or
   // null for an optimizer applied on the host.
-  static bool prepare_update(entry& e, const detail::device_optimizer<T>* opt, detail::rt::stream_t s,
-                             reduce::device_update<T>& u, T*& s0, T*& s1) {
+  static bool prepare_update(entry& e, const detail::device_optimizer<T>* opt,
+                             detail::rt::stream_t s, reduce::device_update<T>& u, T*& s0, T*& s1) {
     s0 = s1 = nullptr;
     if (!opt) return true;
     ensure_state(e, *opt, s);
@@ -751,7 +774,8 @@ class KVStore<device, T> {
 
   // Issues the sum of `in` into e (stored or applied), on stream s of device context c.
   static void issue_push(detail::device_impl<T>& impl, entry& e, detail::device_ctx& c, int si,
-                         detail::rt::stream_t s, std::span<const in_ref> in, const detail::device_optimizer<T>* opt) {
+                         detail::rt::stream_t s, std::span<const in_ref> in,
+                         const detail::device_optimizer<T>* opt) {
     wait_producers(s, in);
     reduce::device_update<T> u;
     T *s0 = nullptr, *s1 = nullptr;
@@ -792,8 +816,8 @@ class KVStore<device, T> {
             p[j] = dst;
           }
         }
-        reduce::fused_sum_update<T>(s, p.data(), k, target + b, s0 ? s0 + b : nullptr, s1 ? s1 + b : nullptr,
-                                    partial + b, n, upd);
+        reduce::fused_sum_update<T>(s, p.data(), k, target + b, s0 ? s0 + b : nullptr,
+                                    s1 ? s1 + b : nullptr, partial + b, n, upd);
       }
     }
     if (!on_device_update) host_update(e, *opt, s);
@@ -827,7 +851,8 @@ class KVStore<device, T> {
     for (auto& o : outs) {
       if (impl.readable(e.owner, o.dev)) {
         const T* src = e.value.data();
-        reduce::fused_sum_update<T>(s, &src, 1, o.ptr, nullptr, nullptr, o.ptr, e.size, reduce::device_update<T>{});
+        reduce::fused_sum_update<T>(s, &src, 1, o.ptr, nullptr, nullptr, o.ptr, e.size,
+                                    reduce::device_update<T>{});
       } else {
         detail::rt::copy_async(o.ptr, e.value.data(), e.size * sizeof(T), s);
       }
@@ -864,8 +889,9 @@ class KVStore<device, T> {
   template <class S>
   op push_many(std::span<const key> ks, std::span<const S> values, int priority) {
     if (ks.size() != values.size())
-      throw error(errc::invalid_argument, "kvstore: push of " + std::to_string(ks.size()) + " keys with " +
-                                              std::to_string(values.size()) + " values");
+      throw error(errc::invalid_argument, "kvstore: push of " + std::to_string(ks.size()) +
+                                              " keys with " + std::to_string(values.size()) +
+                                              " values");
     std::vector<in_ref> refs;
     for (std::size_t i = 0; i < values.size(); ++i) {
       if constexpr (is_device_span_v<S>)
@@ -876,17 +902,18 @@ class KVStore<device, T> {
     std::vector<group> groups;
     {
       std::shared_lock lk(impl_->m);
-      groups = detail::group_by_key<entry*>(std::span<const in_ref>(refs),
-                                            [&](std::size_t i) { return &find_locked("push", ks[i]); },
-                                            std::equal_to<>{});
+      groups = detail::group_by_key<entry*>(
+          std::span<const in_ref>(refs), [&](std::size_t i) { return &find_locked("push", ks[i]); },
+          std::equal_to<>{});
     }
     return push_groups("push", std::move(groups), priority);
   }
   template <class S>
   op pull_many(std::span<const key> ks, std::span<const S> outs, int priority) {
     if (ks.size() != outs.size())
-      throw error(errc::invalid_argument, "kvstore: pull of " + std::to_string(ks.size()) + " keys into " +
-                                              std::to_string(outs.size()) + " outputs");
+      throw error(errc::invalid_argument, "kvstore: pull of " + std::to_string(ks.size()) +
+                                              " keys into " + std::to_string(outs.size()) +
+                                              " outputs");
     std::vector<out_ref> refs;
     for (std::size_t i = 0; i < outs.size(); ++i) {
       if constexpr (is_device_span_v<S>)
@@ -897,9 +924,9 @@ class KVStore<device, T> {
     std::vector<ogroup> groups;
     {
       std::shared_lock lk(impl_->m);
-      groups = detail::group_by_key<entry*>(std::span<const out_ref>(refs),
-                                            [&](std::size_t i) { return &find_locked("pull", ks[i]); },
-                                            std::equal_to<>{});
+      groups = detail::group_by_key<entry*>(
+          std::span<const out_ref>(refs),
+          [&](std::size_t i) { return &find_locked("pull", ks[i]); }, std::equal_to<>{});
     }
     return pull_groups("pull", std::move(groups), priority);
   }
@@ -913,8 +940,8 @@ class KVStore<device, T> {
     for (auto& g : groups) {
       entry& e = *g.h;
       submit(e, priority, st, call, may_inline(e, opt.get()),
-             [impl = impl_.get(), ep = &e, in = std::move(g.bufs), opt](detail::device_ctx& c, int si,
-                                                                         detail::rt::stream_t s) {
+             [impl = impl_.get(), ep = &e, in = std::move(g.bufs), opt](
+                 detail::device_ctx& c, int si, detail::rt::stream_t s) {
                issue_push(*impl, *ep, c, si, s, in, opt.get());
              });
     }
@@ -929,7 +956,8 @@ class KVStore<device, T> {
     for (auto& g : groups) {
       entry& e = *g.h;
       submit(e, priority, st, call, may_inline(e, nullptr),
-             [impl = impl_.get(), ep = &e, outs = std::move(g.bufs)](detail::device_ctx&, int, detail::rt::stream_t s) {
+             [impl = impl_.get(), ep = &e, outs = std::move(g.bufs)](detail::device_ctx&, int,
+                                                                     detail::rt::stream_t s) {
                issue_pull(*impl, *ep, s, outs);
              });
     }
@@ -942,7 +970,8 @@ class KVStore<device, T> {
     auto opt = current_optimizer();
     auto st = std::make_shared<detail::op_state>(1);
     submit(e, priority, st, "pushpull", may_inline(e, opt.get()),
-           [impl = impl_.get(), ep = &e, value, out, opt](detail::device_ctx& c, int si, detail::rt::stream_t s) {
+           [impl = impl_.get(), ep = &e, value, out, opt](detail::device_ctx& c, int si,
+                                                          detail::rt::stream_t s) {
              issue_push(*impl, *ep, c, si, s, std::span<const in_ref>(&value, 1), opt.get());
              issue_pull(*impl, *ep, s, std::span<const out_ref>(&out, 1));
            });
@@ -954,7 +983,8 @@ class KVStore<device, T> {
     auto opt = current_optimizer();
     auto st = std::make_shared<detail::op_state>(1);
     submit(e, priority, st, "push_rows", may_inline(e, opt.get()),
-           [impl = impl_.get(), ep = &e, rows, values, opt](detail::device_ctx&, int, detail::rt::stream_t s) {
+           [impl = impl_.get(), ep = &e, rows, values, opt](detail::device_ctx&, int,
+                                                            detail::rt::stream_t s) {
              issue_push_rows(*impl, *ep, s, rows, values, opt.get());
            });
     return op(std::move(st));
@@ -962,7 +992,8 @@ class KVStore<device, T> {
 
   // Rows in ascending order, a row named several times summed in the order given (as local).
   static void issue_push_rows(detail::device_impl<T>& impl, entry& e, detail::rt::stream_t s,
-                              std::span<const std::int64_t> rows, in_ref values, const detail::device_optimizer<T>* opt) {
+                              std::span<const std::int64_t> rows, in_ref values,
+                              const detail::device_optimizer<T>* opt) {
     wait_producers(s, std::span<const in_ref>(&values, 1));
     if (rows.empty()) {
       if (opt) {  // the step still advances, as local's
@@ -974,7 +1005,8 @@ class KVStore<device, T> {
     const std::size_t rl = e.row_length;
     std::vector<std::uint64_t> order(rows.size());
     std::iota(order.begin(), order.end(), std::uint64_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](std::uint64_t a, std::uint64_t b) { return rows[a] < rows[b]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::uint64_t a, std::uint64_t b) { return rows[a] < rows[b]; });
     std::vector<std::int64_t> urow;
     std::vector<std::uint64_t> off;
     for (std::size_t i = 0; i < order.size(); ++i)
@@ -1006,16 +1038,17 @@ class KVStore<device, T> {
     }
     reduce::rows_update<T>(s, vals, reinterpret_cast<const std::int64_t*>(tmp),
                            reinterpret_cast<const std::uint64_t*>(tmp + ib),
-                           reinterpret_cast<const std::uint64_t*>(tmp + ib + ob), urow.size(), rl, e.value.data(),
-                           s0, s1, u);
+                           reinterpret_cast<const std::uint64_t*>(tmp + ib + ob), urow.size(), rl,
+                           e.value.data(), s0, s1, u);
     detail::rt::dev_free_async(vtmp, s);
     detail::rt::dev_free_async(tmp, s);
     // The host index vectors die here: a pageable-memory copy has taken them by the time
     // cudaMemcpyAsync returns, so this is safe.
   }
 
-  static void host_rows_update(entry& e, const detail::device_optimizer<T>& o, detail::rt::stream_t s,
-                               const std::vector<std::int64_t>& urow, const std::vector<std::uint64_t>& off,
+  static void host_rows_update(entry& e, const detail::device_optimizer<T>& o,
+                               detail::rt::stream_t s, const std::vector<std::int64_t>& urow,
+                               const std::vector<std::uint64_t>& off,
                                const std::vector<std::uint64_t>& order, in_ref values) {
     const std::size_t rl = e.row_length;
     ensure_state(e, o, s);
@@ -1037,7 +1070,8 @@ class KVStore<device, T> {
         g[c] = x;
       }
       const std::size_t at = static_cast<std::size_t>(urow[u]) * rl;
-      o.u.fn(e.k, std::span<const T>(g), std::span<T>(w).subspan(at, rl), optim::updater<T>::view(st, at, rl));
+      o.u.fn(e.k, std::span<const T>(g), std::span<T>(w).subspan(at, rl),
+             optim::updater<T>::view(st, at, rl));
     }
     detail::rt::copy_async(e.value.data(), w.data(), e.size * sizeof(T), s);
     for (std::size_t i = 0; i < st.slots.size(); ++i)
@@ -1048,21 +1082,23 @@ class KVStore<device, T> {
   op pull_rows_impl(entry& e, std::span<const std::int64_t> rows, out_ref out, int priority) {
     check_rows("pull_rows", e, rows, out.size);
     auto st = std::make_shared<detail::op_state>(1);
-    submit(e, priority, st, "pull_rows", may_inline(e, nullptr),
-           [impl = impl_.get(), ep = &e, rows, out](detail::device_ctx&, int, detail::rt::stream_t s) {
-             if (rows.empty()) return;
-             const std::size_t ib = rows.size() * sizeof(std::int64_t);
-             auto* idx = static_cast<std::int64_t*>(detail::rt::dev_malloc_async(ib, s));
-             detail::rt::copy_async(idx, rows.data(), ib, s);
-             const bool direct = impl->readable(ep->owner, out.dev);
-             T* dst = direct ? out.ptr : static_cast<T*>(detail::rt::dev_malloc_async(out.size * sizeof(T), s));
-             reduce::gather_rows<T>(s, ep->value.data(), idx, rows.size(), ep->row_length, dst);
-             if (!direct) {
-               detail::rt::copy_async(out.ptr, dst, out.size * sizeof(T), s);
-               detail::rt::dev_free_async(dst, s);
-             }
-             detail::rt::dev_free_async(idx, s);
-           });
+    submit(
+        e, priority, st, "pull_rows", may_inline(e, nullptr),
+        [impl = impl_.get(), ep = &e, rows, out](detail::device_ctx&, int, detail::rt::stream_t s) {
+          if (rows.empty()) return;
+          const std::size_t ib = rows.size() * sizeof(std::int64_t);
+          auto* idx = static_cast<std::int64_t*>(detail::rt::dev_malloc_async(ib, s));
+          detail::rt::copy_async(idx, rows.data(), ib, s);
+          const bool direct = impl->readable(ep->owner, out.dev);
+          T* dst = direct ? out.ptr
+                          : static_cast<T*>(detail::rt::dev_malloc_async(out.size * sizeof(T), s));
+          reduce::gather_rows<T>(s, ep->value.data(), idx, rows.size(), ep->row_length, dst);
+          if (!direct) {
+            detail::rt::copy_async(out.ptr, dst, out.size * sizeof(T), s);
+            detail::rt::dev_free_async(dst, s);
+          }
+          detail::rt::dev_free_async(idx, s);
+        });
     return op(std::move(st));
   }
 
