@@ -453,7 +453,9 @@ TEST_CASE("optimizer states: save, load into a twin, the same bytes again" * doc
   a.push(0, 1, {1, 1, 1}, 0, 3);
   a.push(0, 2, {1, -1}, 2, 6);
   a.push(0, 2, {2, 2}, 2, 6);
-  auto [saved, count] = a.save_states();
+  const auto saved_and_count = a.save_states();
+  const auto& saved = saved_and_count.first;
+  const auto count = saved_and_count.second;
   CHECK(count == 2);
   auto entries = wire::decode_states(saved);
   REQUIRE(entries.size() == 2);

@@ -159,7 +159,10 @@ class requests {
     }
     if (asks.empty()) return done(nullptr);
     auto all = fan_in(asks.size(), std::move(done));
-    for (auto& [s, pos] : asks) {
+    for (auto& ask : asks) {
+      // Named, not structured bindings: clang 14 cannot capture those in a lambda.
+      const slice_ref* s = ask.first;
+      const auto& pos = ask.second;
       std::vector<std::int64_t> ids;
       for (auto p : *pos) ids.push_back(rows[p]);
       transport::out_frame f;

@@ -321,7 +321,10 @@ class shard {
   void save_states(const Port& from, const wire::header& h) {
     auto out = std::make_shared<bytes>();
     std::uint64_t count = 0;
-    for (auto& [k, s] : slices_) {
+    for (auto& entry : slices_) {
+      // Named, not structured bindings: clang 14 cannot capture those in the lambda below.
+      const std::uint64_t k = entry.first;
+      auto& s = entry.second;
       if (!s.inited) continue;
       with_dtype(s.type, [&]<class T>() {
         auto& st = s.template state<T>();

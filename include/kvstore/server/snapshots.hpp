@@ -25,7 +25,9 @@ shard_snapshot take_snapshot(const shard<Port>& sh, int rank) {
   snap.rank = rank;
   snap.optimizer_name = sh.optimizer_name();
   snap.optimizer_params = sh.optimizer_params();
-  for (auto& [k, sl] : sh.slices()) {
+  for (auto& entry : sh.slices()) {
+    // Named, not a structured binding: clang 14 cannot capture those in the lambda below.
+    const auto& sl = entry.second;
     if (!sl.inited) continue;
     slice_snapshot x;
     static_cast<slice_header&>(x) = sl;
