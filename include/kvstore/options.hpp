@@ -25,6 +25,47 @@ struct local_options {
   std::size_t parallel_reduce_min = std::size_t{1} << 16;
 };
 
+/// Gradient compression on the wire (dist; local values do not travel, and the call changes
+/// nothing there). `type` is one of the unscoped names below, so `compression::bf16` reads as in
+/// MXNet's set_gradient_compression: fp16 (IEEE half, round to nearest even), bf16 (round to
+/// nearest even), bf16_trunc (the high 16 bits of the float: BigDL's "fp16"), two_bit (MXNet's
+/// 2-bit quantization with a per-worker residual; pushes only, +-threshold or 0 per element).
+struct compression {
+  enum kind : std::uint8_t { none = 0, fp16 = 1, bf16 = 2, bf16_trunc = 3, two_bit = 4 };
+  kind type = none;
+  /// two_bit only: elements whose accumulated value reaches +-threshold are sent as +-threshold.
+  float threshold = 0.5f;
+};
+
+/// How a dist key's elements are placed on the servers: hashed (one server, or sliced evenly over
+/// all servers above slice_bytes: the default) or even (always sliced over all S servers, chunk i
+/// starting at i*floor(n/S) + min(i, n mod S) with length floor(n/S) + (i < n mod S): BigDL's
+/// rule).
+enum class partition : std::uint8_t { hashed = 0, even = 1 };
+
+/// Options of one key's init. An aggregate in this order: row_length (0: a vector; else a matrix
+/// of size/row_length rows), partition, compression (this key's, over the store's
+/// set_gradient_compression; type none: the store's setting).
+struct init_options {
+  std::size_t row_length = 0;
+  kvstore::partition partition = kvstore::partition::hashed;
+  kvstore::compression compression{};
+};
+
+/// Options of one pull: its priority, and the version the key must have reached (dist: rounds
+/// completed in dist_sync, pushes applied in dist_async) before the value is read.
+struct pull_options {
+  int priority = 0;
+  std::uint64_t min_version = 0;
+};
+
+/// Per-key multipliers of the optimizer's learning rate and weight decay (MXNet's lr_mult and
+/// wd_mult, SINGA's learning_rate_multiplier).
+struct key_options {
+  double lr_mult = 1.0;
+  double wd_mult = 1.0;
+};
+
 /// What the job does when a worker dies (its connection drops or it misses heartbeats for
 /// dead_timeout): leave_group treats it as if it had called leave() (sync rounds and barriers
 /// complete without it, a warning is logged); fail makes the rounds and barriers waiting for it
