@@ -118,8 +118,18 @@ struct dist_options {
   /// and the CA that signs every node's certificate; peers are verified on both sides.
   /// KVSTORE_TLS_CERT, KVSTORE_TLS_KEY, KVSTORE_TLS_CA.
   std::string tls_cert, tls_key, tls_ca;
-  /// Most connections a server or the scheduler holds at once; more are closed on accept.
+  /// Most authenticated connections a server or the scheduler holds at once; more are closed on
+  /// accept. Never above what the process's descriptor limit allows: at start a node raises its
+  /// soft RLIMIT_NOFILE to the hard limit and caps this below it. KVSTORE_MAX_CONNECTIONS.
   std::size_t max_connections = 4096;
+  /// Connections that have not proven the token yet live in their own small pool (tiny read
+  /// buffer, handshake_timeout): a flood of them evicts the oldest of its own kind and never
+  /// keeps an authenticated peer out. KVSTORE_MAX_PENDING_CONNECTIONS.
+  std::size_t max_pending_connections = 64;
+  /// The authentication proof covers the connecting side's address and port as both ends see
+  /// them, so a proof relayed through another connection is refused. Turn off only behind NAT
+  /// that rewrites source addresses (and use TLS there). KVSTORE_AUTH_BIND_ADDRESS=0|1.
+  bool auth_bind_address = true;
 
   /// See worker_death. KVSTORE_ON_WORKER_DEATH=leave|fail.
   worker_death on_worker_death = worker_death::leave_group;
@@ -142,11 +152,22 @@ struct dist_options {
   /// Payloads are sent in frames of at most this many bytes, so a later high-priority message
   /// overtakes a long low-priority transfer.
   std::size_t chunk_bytes = std::size_t{1} << 20;
-  /// A frame whose header announces more than this is refused and its connection closed.
-  std::size_t max_frame_bytes = std::size_t{1} << 30;
+  /// A frame whose header announces more than this is refused and its connection closed. Its
+  /// buffer grows as the bytes arrive, never on the header's word. KVSTORE_MAX_FRAME_BYTES.
+  std::size_t max_frame_bytes = std::size_t{64} << 20;
   /// The most bytes of one key a server holds (its slice); an init asking for more is refused,
   /// so one request cannot make a server allocate without bound. KVSTORE_MAX_KEY_BYTES.
   std::uint64_t max_key_bytes = std::uint64_t{8} << 30;
+  /// The most bytes of all keys a server holds together (each key also counts a fixed overhead
+  /// of 256 bytes); an init past it is refused. 0: half of the machine's physical memory.
+  /// KVSTORE_MAX_TOTAL_BYTES.
+  std::uint64_t max_total_bytes = 0;
+  /// The most keys a server holds; an init of one more is refused. KVSTORE_MAX_KEYS.
+  std::uint64_t max_keys = std::uint64_t{1} << 24;
+  /// Answers queued for one peer and not yet taken by its socket, in bytes: above this a server
+  /// or the scheduler stops reading that peer's requests until it reads its answers
+  /// (back-pressure), so a peer that never reads cannot grow a server. KVSTORE_MAX_QUEUED_BYTES.
+  std::size_t max_queued_bytes = std::size_t{64} << 20;
   /// Engine threads of a worker; 0 = the number of cores.
   unsigned threads = 0;
   /// Barrier with all workers when the store is destroyed.
@@ -162,6 +183,8 @@ struct dist_options {
     s.tls_cert = tls_cert;
     s.tls_key = tls_key;
     s.tls_ca = tls_ca;
+    s.bind_address = auth_bind_address;
+    s.max_queued_bytes = acceptor ? max_queued_bytes : 0;
     return s;
   }
 

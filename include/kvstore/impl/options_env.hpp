@@ -5,7 +5,10 @@
 #include <kvstore/detail/env.hpp>
 #include <kvstore/options.hpp>
 
+#include <cerrno>
+#include <limits>
 #include <string>
+#include <type_traits>
 
 namespace kvstore {
 
@@ -60,13 +63,34 @@ inline void dist_options::apply_env() {
       throw error(errc::invalid_argument,
                   "KVSTORE_ON_WORKER_DEATH=\"" + *v + "\": expected leave or fail");
   }
-  if (auto v = env::first_of("KVSTORE_MAX_KEY_BYTES")) {
-    char* end = nullptr;
-    const auto x = std::strtoull(v->c_str(), &end, 10);
-    if (*end != '\0' || x == 0)
+  // Limits in bytes or counts: a positive integer each (KVSTORE_MAX_TOTAL_BYTES may be 0: half
+  // of physical memory).
+  auto count = [](const char* name, auto& field, bool zero_ok = false) {
+    if (auto v = env::first_of(name)) {
+      char* end = nullptr;
+      errno = 0;
+      const auto x = std::strtoull(v->c_str(), &end, 10);
+      if (v->empty() || *end != '\0' || errno == ERANGE || (x == 0 && !zero_ok) || (*v)[0] == '-' ||
+          x > static_cast<unsigned long long>(
+                  std::numeric_limits<std::remove_reference_t<decltype(field)>>::max()))
+        throw error(errc::invalid_argument, std::string(name) + "=\"" + *v + "\" is not a " +
+                                                (zero_ok ? "non-negative" : "positive") +
+                                                " integer");
+      field = static_cast<std::remove_reference_t<decltype(field)>>(x);
+    }
+  };
+  count("KVSTORE_MAX_KEY_BYTES", max_key_bytes);
+  count("KVSTORE_MAX_FRAME_BYTES", max_frame_bytes);
+  count("KVSTORE_MAX_TOTAL_BYTES", max_total_bytes, true);
+  count("KVSTORE_MAX_KEYS", max_keys);
+  count("KVSTORE_MAX_QUEUED_BYTES", max_queued_bytes);
+  count("KVSTORE_MAX_CONNECTIONS", max_connections);
+  count("KVSTORE_MAX_PENDING_CONNECTIONS", max_pending_connections);
+  if (auto v = env::first_of("KVSTORE_AUTH_BIND_ADDRESS")) {
+    if (*v != "0" && *v != "1")
       throw error(errc::invalid_argument,
-                  "KVSTORE_MAX_KEY_BYTES=\"" + *v + "\" is not a positive integer");
-    max_key_bytes = x;
+                  "KVSTORE_AUTH_BIND_ADDRESS=\"" + *v + "\": expected 0 or 1");
+    auth_bind_address = *v == "1";
   }
   if (auto v = env::first_of("KVSTORE_CHECKPOINT_DIR")) checkpoint_dir = *v;
   if (auto v = env::first_of("KVSTORE_TLS_CERT")) tls_cert = *v;

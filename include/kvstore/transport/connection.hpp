@@ -118,11 +118,13 @@ class connection : public std::enable_shared_from_this<connection> {
         const std::size_t sent = write_now(f);
         if (sent == wire::header_size + f.meta.size() + f.payload_len) return;
         // The rest goes first, from the io thread.
+        queued_bytes_ += frame_bytes(f);
         partial_.push_back(std::move(f));
         partial_skip_ = sent;
         writing_ = true;
         start = true;
       } else {
+        queued_bytes_ += frame_bytes(f);
         queue_.push(queued{std::move(f), seq_++});
         if (!writing_ && authed_) {
           writing_ = true;
@@ -141,6 +143,24 @@ class connection : public std::enable_shared_from_this<connection> {
     asio::post(sock_.get_executor(),
                [self = shared_from_this(), reason = std::move(reason)] { self->fail(reason); });
   }
+
+  /// Stops handing frames to the owner after the current one (call from the io thread, e.g.
+  /// inside on_frame); bytes that arrive meanwhile wait in the socket. resume_reading() (from
+  /// any thread) goes on where it stopped.
+  void pause_reading() { paused_by_owner_ = true; }
+  void resume_reading() {
+    asio::post(sock_.get_executor(), [self = shared_from_this()] {
+      self->paused_by_owner_ = false;
+      self->maybe_resume();
+    });
+  }
+
+  /// What identifies this authenticated connection on both ends (the handshake's nonces): a
+  /// proof bound to it cannot be replayed on another connection. Empty before the handshake.
+  const std::string& binding() const noexcept { return binding_; }
+
+  /// Bytes of frames queued and not yet taken by the socket.
+  std::size_t queued_bytes() const noexcept { return queued_bytes_.load(); }
 
   bool is_closed() const noexcept { return closed_flag_.load(); }
   const std::string& remote() const noexcept { return remote_; }
@@ -243,6 +263,7 @@ class connection : public std::enable_shared_from_this<connection> {
         closing_ = true;
         return;
       }
+      binding_ = nonce_;
       authed_ = true;
       limits_ = full_limits_;
       arm_timer(sec_.idle_timeout, false);
@@ -257,6 +278,7 @@ class connection : public std::enable_shared_from_this<connection> {
     a.meta_len = static_cast<std::uint32_t>(proof_size);
     hs_hdr_ = wire::encode(a);
     proof_ = make_proof(sec_.token, meta);
+    binding_ = meta;
     std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(proof_)};
     io([&](auto& st) {
       asio::async_write(st, b,
@@ -333,6 +355,10 @@ class connection : public std::enable_shared_from_this<connection> {
       if (closed_flag_ || closing_) return;
       std::size_t avail = rend_ - rbeg_;
       if (stage_ == stage::header) {
+        if (must_stall()) {
+          stalled_ = true;  // maybe_resume() goes on from here
+          return;
+        }
         if (avail < wire::header_size) {
           if (rbeg_ > 0 && rbuf_.size() - rbeg_ < wire::header_size) {
             std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, avail);
@@ -417,6 +443,23 @@ class connection : public std::enable_shared_from_this<connection> {
     if (own_.capacity() > (std::size_t{4} << 20)) std::vector<std::byte>().swap(own_);
   }
 
+  // ---- pausing ------------------------------------------------------------------------------
+  static std::size_t frame_bytes(const out_frame& f) {
+    return wire::header_size + f.meta.size() + f.payload_len;
+  }
+  // Reading waits while the owner paused it, or while the peer leaves more than
+  // max_queued_bytes of answers unread (it goes on below half of that).
+  bool must_stall() const {
+    if (paused_by_owner_) return true;
+    const std::size_t cap = sec_.max_queued_bytes;
+    return authed_ && cap && queued_bytes_.load() > (stalled_ ? cap / 2 : cap);
+  }
+  void maybe_resume() {
+    if (!stalled_ || closed_flag_ || closing_ || must_stall()) return;
+    stalled_ = false;
+    parse();
+  }
+
   // ---- writing ------------------------------------------------------------------------------
   // One non-blocking sendmsg of a whole frame from the calling thread (qm_ held, so no io-thread
   // write interleaves). Returns the bytes the socket took; 0 on EAGAIN or an error, which the io
@@ -483,8 +526,12 @@ class connection : public std::enable_shared_from_this<connection> {
     io([&](auto& st) {
       asio::async_write(st, bufs,
                         [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                          std::size_t done = 0;
+                          for (auto& f : self->inflight_) done += frame_bytes(f);
                           self->inflight_.clear();
                           if (ec) return self->fail("write: " + ec.message());
+                          if (!self->closed_flag_) self->queued_bytes_ -= done;
+                          self->maybe_resume();
                           self->write_more();
                         });
     });
@@ -497,6 +544,7 @@ class connection : public std::enable_shared_from_this<connection> {
       closed_ = true;
       while (!queue_.empty()) queue_.pop();
       partial_.clear();
+      queued_bytes_ = 0;
     }
     boost::system::error_code ec;
     timer_.cancel();
@@ -516,6 +564,10 @@ class connection : public std::enable_shared_from_this<connection> {
   security sec_;
   std::size_t gather_bytes_;
   std::atomic<bool> authed_{false};
+  bool paused_by_owner_ = false;  // pause_reading()
+  bool stalled_ = false;          // parse() stopped at a frame boundary; maybe_resume() goes on
+  std::atomic<std::size_t> queued_bytes_{0};
+  std::string binding_;
   bool closing_ = false;  // refused: reading stops, the refusal is being written
   std::string nonce_, proof_;
   wire::header_bytes hs_hdr_{};

@@ -14,6 +14,11 @@ struct transport_security {
   std::chrono::milliseconds handshake_timeout{5'000};
   std::chrono::milliseconds idle_timeout{0};
   std::string tls_cert, tls_key, tls_ca;  // TLS when tls_cert is set
+  /// The proofs cover the connecting side's address and port (see dist_options).
+  bool bind_address = true;
+  /// Acceptor: answers queued for the peer above this many bytes pause reading its frames
+  /// (0: no bound).
+  std::size_t max_queued_bytes = 0;
 };
 
 }  // namespace kvstore
