@@ -88,29 +88,34 @@ struct socket_pair {
   }
 };
 
-/// An auth frame answering the acceptor's challenge `nonce`.
-inline std::string auth_frame(std::string_view nonce) {
+/// An auth frame answering the acceptor's challenge (its meta) as a worker holding the token.
+/// Over a socketpair neither end has an IP address, so the proof binds the empty one.
+inline std::string auth_frame(std::string_view challenge_meta) {
+  namespace tr = kvstore::transport;
+  const auto c = tr::decode_challenge(challenge_meta);
+  if (!c) std::abort();
+  const std::string meta =
+      tr::encode_auth(tr::answer_challenge(token, *c, kvstore::role::worker, true, ""));
   kvstore::wire::header a;
   a.command = kvstore::wire::cmd::auth;
-  a.meta_len = kvstore::transport::proof_size;
+  a.meta_len = static_cast<std::uint32_t>(meta.size());
   auto h = kvstore::wire::encode(a);
-  std::string out(reinterpret_cast<const char*>(h.data()), h.size());
-  out += kvstore::transport::make_proof(token, nonce);
-  return out;
+  return std::string(reinterpret_cast<const char*>(h.data()), h.size()) + meta;
 }
 
-/// Reads the challenge the acceptor sends first; returns its nonce (empty if none came).
+/// Reads the challenge the acceptor sends first; returns its meta (empty if none came).
 inline std::string read_challenge(asio::io_context& io, socket_pair& sp) {
   kvstore::wire::header_bytes hb;
   if (!sp.read(io, hb.data(), hb.size())) return {};
   kvstore::wire::header h;
   std::string why;
   if (!kvstore::wire::decode(hb.data(), h, kvstore::wire::limits{}, why) ||
-      h.command != kvstore::wire::cmd::challenge || h.meta_len != kvstore::transport::nonce_size)
+      h.command != kvstore::wire::cmd::challenge ||
+      h.meta_len != kvstore::transport::challenge_size)
     std::abort();  // the acceptor must open with a well-formed challenge
-  std::string nonce(h.meta_len, '\0');
-  if (!sp.read(io, nonce.data(), nonce.size())) return {};
-  return nonce;
+  std::string meta(h.meta_len, '\0');
+  if (!sp.read(io, meta.data(), meta.size())) return {};
+  return meta;
 }
 
 /// Runs `io` until the connection has closed; a connection still open a few seconds after its

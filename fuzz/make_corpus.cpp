@@ -111,13 +111,19 @@ void handshake() {
            std::string(reinterpret_cast<const char*>(bb.data()), bb.size()) +
                std::string(100, 'b')));
   // Connector (mode 2): the acceptor's challenge, then its answers.
-  std::string c = frame(hdr(wire::cmd::challenge), std::string(32, 'n'));
+  std::string c = frame(hdr(wire::cmd::challenge), std::string(32, 'n') + '\x01');  // a server
   wire::header r = hdr(wire::cmd::response);
   r.status = static_cast<std::uint32_t>(errc::auth_failed);
   put("handshake", "connector",
       with(2, 0,
            c + frame(hdr(wire::cmd::response, 0, 1), "ok") + frame(d, "", std::string(64, 'd'))));
   put("handshake", "connector-refused", with(2, 0, c + frame(r)));
+  // The acceptor's proof (wrong: the connector's nonce is random), and a scheduler where a
+  // server was expected.
+  put("handshake", "connector-bad-proof",
+      with(2, 0, c + frame(hdr(wire::cmd::auth), std::string(32, 'p'))));
+  put("handshake", "connector-scheduler",
+      with(2, 0, frame(hdr(wire::cmd::challenge), std::string(32, 'n') + '\x02')));
   put("handshake", "connector-short-nonce",
       with(2, 0, frame(hdr(wire::cmd::challenge), std::string(8, 'n'))));
 }

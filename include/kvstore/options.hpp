@@ -173,11 +173,15 @@ struct dist_options {
   /// Barrier with all workers when the store is destroyed.
   bool barrier_before_exit = true;
 
-  /// The transport security of a connection this node accepts (acceptor) or opens.
-  transport_security security(bool acceptor) const {
+  /// The transport security of a connection this node accepts (acceptor) or opens to a node of
+  /// role `peer` (which the peer must prove).
+  transport_security security(bool acceptor,
+                              std::optional<kvstore::role> peer = std::nullopt) const {
     transport_security s;
     s.token = token;
     s.acceptor = acceptor;
+    s.self = role;
+    s.expect_peer = peer;
     s.handshake_timeout = handshake_timeout;
     s.idle_timeout = acceptor ? idle_timeout : std::chrono::milliseconds(0);
     s.tls_cert = tls_cert;

@@ -86,14 +86,26 @@ struct raw_client {
     return send_bytes(b.data(), b.size()) && send_bytes(meta.data(), meta.size()) &&
            send_bytes(payload.data(), payload.size());
   }
-  // Answers the acceptor's challenge with the proof of `token` (empty: the job has no token).
+  // Answers the acceptor's challenge as a worker with the proof of `token` (empty: the job has
+  // no token), bound to this socket's address, and checks the acceptor's proof.
   bool handshake(const std::string& token = {}) {
+    namespace tr = kvstore::transport;
     kvstore::wire::header h;
-    std::string nonce;
-    if (!read_frame(h, nonce) || h.command != kvstore::wire::cmd::challenge) return false;
-    kvstore::wire::header a;
-    a.command = kvstore::wire::cmd::auth;
-    return send_frame(a, kvstore::transport::make_proof(token, nonce));
+    std::string meta;
+    if (!read_frame(h, meta) || h.command != kvstore::wire::cmd::challenge) return false;
+    const auto c = tr::decode_challenge(meta);
+    if (!c) return false;
+    sockaddr_in self{};
+    socklen_t len = sizeof self;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len);
+    const std::string addr = "127.0.0.1:" + std::to_string(ntohs(self.sin_port));
+    const auto a = tr::answer_challenge(token, *c, kvstore::role::worker, true, addr);
+    kvstore::wire::header ah;
+    ah.command = kvstore::wire::cmd::auth;
+    if (!send_frame(ah, tr::encode_auth(a))) return false;
+    std::string proof;
+    return read_frame(h, proof) && h.command == kvstore::wire::cmd::auth &&
+           tr::same_proof(tr::acceptor_proof(token, tr::transcript(*c, a, addr)), proof);
   }
   // Reads exactly n bytes; false on EOF, error or deadline.
   bool read_exact(void* p, std::size_t n, std::chrono::milliseconds timeout) {
@@ -362,7 +374,7 @@ TEST_CASE("garbage on a server's or the scheduler's port is dropped; real worker
     }
     {  // a proof for the wrong token
       raw_client rc(c.server(0).port());
-      CHECK(rc.handshake("not the token"));
+      CHECK_FALSE(rc.handshake("not the token"));  // refused: no acceptor proof comes back
       CHECK(rc.closed_by_peer(std::chrono::seconds(5)));
     }
     {  // a hello that claims a worker rank the job does not have

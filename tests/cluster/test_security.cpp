@@ -78,21 +78,42 @@ void exercise(kvtest::cluster& c, float base) {
 
 }  // namespace
 
-TEST_CASE("proofs: right token checks, wrong token and tampering do not" * doctest::timeout(10)) {
-  auto n = kvstore::transport::make_nonce();
-  CHECK(n.size() == kvstore::transport::nonce_size);
-  CHECK(n != kvstore::transport::make_nonce());
-  auto p = kvstore::transport::make_proof("s3cret", n);
-  CHECK(kvstore::transport::check_proof("s3cret", n, p));
-  CHECK_FALSE(kvstore::transport::check_proof("s3cre", n, p));
-  CHECK_FALSE(kvstore::transport::check_proof("", n, p));
-  auto q = p;
-  q[5] = static_cast<char>(q[5] ^ 1);
-  CHECK_FALSE(kvstore::transport::check_proof("s3cret", n, q));
-  CHECK_FALSE(kvstore::transport::check_proof("s3cret", n, p.substr(1)));
-  auto m = n;
-  m[0] = static_cast<char>(m[0] ^ 1);
-  CHECK_FALSE(kvstore::transport::check_proof("s3cret", m, p));
+TEST_CASE("proofs: right token checks; wrong token, tampering, other roles or addresses do not" *
+          doctest::timeout(10)) {
+  namespace tr = kvstore::transport;
+  auto n = tr::make_nonce();
+  CHECK(n.size() == tr::nonce_size);
+  CHECK(n != tr::make_nonce());
+  const tr::challenge c{n, kvstore::role::server};
+  CHECK(tr::decode_challenge(tr::encode_challenge(c))->nonce == n);
+  const auto a = tr::answer_challenge("s3cret", c, kvstore::role::worker, true, "127.0.0.1:4000");
+  const auto back = tr::decode_auth(tr::encode_auth(a));
+  REQUIRE(back);
+  CHECK(back->proof == a.proof);
+  auto check = [&](std::string_view token, const tr::challenge& ch, const tr::auth_answer& an,
+                   std::string_view addr) {
+    return tr::same_proof(tr::connector_proof(token, tr::transcript(ch, an, addr)), a.proof);
+  };
+  CHECK(check("s3cret", c, a, "127.0.0.1:4000"));
+  CHECK_FALSE(check("s3cre", c, a, "127.0.0.1:4000"));
+  CHECK_FALSE(check("", c, a, "127.0.0.1:4000"));
+  CHECK_FALSE(check("s3cret", c, a, "127.0.0.1:4001"));  // relayed: another source port
+  CHECK_FALSE(check("s3cret", tr::challenge{n, kvstore::role::scheduler}, a, "127.0.0.1:4000"));
+  auto other = a;
+  other.connector = kvstore::role::server;
+  CHECK_FALSE(check("s3cret", c, other, "127.0.0.1:4000"));
+  auto m = c;
+  m.nonce[0] = static_cast<char>(m.nonce[0] ^ 1);
+  CHECK_FALSE(check("s3cret", m, a, "127.0.0.1:4000"));
+  auto q = a;
+  q.proof[5] = static_cast<char>(q.proof[5] ^ 1);
+  CHECK_FALSE(tr::same_proof(a.proof, q.proof));
+  CHECK_FALSE(tr::same_proof(a.proof, a.proof.substr(1)));
+  // The acceptor's proof over the same transcript is not the connector's (no reflection).
+  CHECK_FALSE(tr::same_proof(tr::acceptor_proof("s3cret", tr::transcript(c, a, "127.0.0.1:4000")),
+                             a.proof));
+  CHECK_FALSE(tr::decode_challenge(n));             // too short
+  CHECK_FALSE(tr::decode_auth(a.proof + a.proof));  // wrong size
 }
 
 TEST_CASE("a job with a token works; a worker with the wrong token is refused" *

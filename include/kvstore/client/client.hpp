@@ -164,8 +164,8 @@ class worker_client final : public transport::frame_handler {
 
   // Opens the connection to server `s` (already connected socket) and says hello.
   void attach(server_ref& s, transport::tcp::socket sock) {
-    auto c = std::make_shared<transport::connection>(std::move(sock), *this, data_limits(),
-                                                     opts_.security(false), opts_.chunk_bytes);
+    auto c = std::make_shared<transport::connection>(
+        std::move(sock), *this, data_limits(), worker_security(role::server), opts_.chunk_bytes);
     c->peer_id = s.id;
     c->peer_rank = s.rank;
     c->peer_role = static_cast<int>(role::server);
@@ -187,7 +187,7 @@ class worker_client final : public transport::frame_handler {
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
                                               opts_.connect_timeout, "the scheduler");
     sched_ = std::make_shared<transport::connection>(std::move(sock), *this, small_limits(),
-                                                     opts_.security(false));
+                                                     worker_security(role::scheduler));
     sched_->start();
     transport::out_frame f;
     f.h = wire::plain(wire::cmd::reg);
@@ -205,6 +205,12 @@ class worker_client final : public transport::frame_handler {
     who_ = "worker " + std::to_string(rank_);
   }
 
+  // A worker's connection to a node of role `peer`, which must prove that role.
+  transport_security worker_security(role peer) const {
+    auto sec = opts_.security(false, peer);
+    sec.self = role::worker;
+    return sec;
+  }
   wire::limits small_limits() const {
     wire::limits l;
     l.max_payload = 1 << 20;

@@ -66,7 +66,9 @@ class scheduler final : public transport::node_base {
   static accept_rules accept_rules_of(const dist_options& o) {
     accept_rules r;
     r.max_connections = o.max_connections;
+    r.max_pending_connections = o.max_pending_connections;
     r.security = o.security(true);
+    r.security.self = role::scheduler;
     r.limits.max_payload = 1 << 20;  // the scheduler takes no tensors
     r.limits.max_meta = 1 << 20;
     return r;
@@ -383,7 +385,7 @@ class scheduler final : public transport::node_base {
 
   void finish() { finish_once(); }
 
-  void on_close(transport::connection& c, const std::string& reason) override {
+  void closed(transport::connection& c, const std::string& reason) override {
     for (auto it = pending_.begin(); it != pending_.end(); ++it)
       if (it->get() == &c) {
         if (reason != "job over")

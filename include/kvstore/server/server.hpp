@@ -94,8 +94,9 @@ class server final : public transport::node_base {
       identify(detail::server_id(opts_.rank_hint), opts_.rank_hint);
     auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
                                               opts_.connect_timeout, "the scheduler");
-    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits(),
-                                                     opts_.security(false));
+    auto sec = opts_.security(false, role::scheduler);
+    sec.self = role::server;
+    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits(), sec);
     sched_->start();
     transport::out_frame reg;
     reg.h.command = wire::cmd::reg;
@@ -116,7 +117,9 @@ class server final : public transport::node_base {
   static accept_rules accept_rules_of(const dist_options& o) {
     accept_rules r;
     r.max_connections = o.max_connections;
+    r.max_pending_connections = o.max_pending_connections;
     r.security = o.security(true);
+    r.security.self = role::server;
     r.limits.max_payload = o.max_frame_bytes;
     r.gather_bytes = o.chunk_bytes;
     return r;
@@ -271,7 +274,7 @@ class server final : public transport::node_base {
     shard_.worker_left(rank);
   }
 
-  void on_close(transport::connection& c, const std::string& reason) override {
+  void closed(transport::connection& c, const std::string& reason) override {
     if (&c == sched_.get()) {
       // Training needs no scheduler: serve on, and end once the workers are gone.
       if (done_) return;

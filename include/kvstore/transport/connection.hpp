@@ -14,6 +14,8 @@
 
 #include <boost/asio.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -28,6 +30,7 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <span>
 #include <string>
@@ -66,12 +69,18 @@ class frame_handler {
   /// A whole frame arrived. Throwing a kvstore::error closes this connection with that reason.
   virtual void on_frame(connection&, const wire::header&, std::string meta,
                         std::span<const std::byte> payload) = 0;
+  /// The peer proved the token; frames from it follow.
+  virtual void on_authenticated(connection&) {}
   /// The connection closed (by the peer, an error, or close()); called once.
   virtual void on_close(connection&, const std::string& reason) = 0;
 };
 
 class connection : public std::enable_shared_from_this<connection> {
  public:
+  /// Read buffer before the peer is proven (the handshake's frames fit) and after.
+  static constexpr std::size_t handshake_buffer_size = 512;
+  static constexpr std::size_t read_buffer_size = std::size_t{64} << 10;
+
   connection(tcp::socket sock, frame_handler& handler, wire::limits lim, security sec,
              std::size_t gather_bytes = std::size_t{1} << 20)
       : sock_(std::move(sock)),
@@ -88,7 +97,7 @@ class connection : public std::enable_shared_from_this<connection> {
     } catch (...) {
       remote_ = "?";
     }
-    rbuf_.resize(64 * 1024);
+    rbuf_.resize(handshake_buffer_size);  // 64 KiB once the peer is proven
   }
 
   /// Starts the handshake and reading. Call once, after the owner has stored the shared_ptr.
@@ -97,8 +106,10 @@ class connection : public std::enable_shared_from_this<connection> {
     asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->begin(); });
   }
 
-  /// True once the peer proved the token (acceptor) or the proof was sent (connector).
-  bool authenticated() const noexcept { return authed_.load(); }
+  /// True once the peer proved the token (and, to a connector, the role it was dialed as).
+  bool authenticated() const noexcept { return proven_.load(); }
+  /// The role the peer proved (valid once authenticated()).
+  kvstore::role peer_proven_role() const noexcept { return peer_role_; }
 
   /// Queues a frame; thread-safe. Frames of equal priority go out in the order queued.
   /// With `may_write_now`, a frame sent while nothing else is queued or being written goes to
@@ -218,78 +229,143 @@ class connection : public std::enable_shared_from_this<connection> {
 
   void begin_token() {
     if (closed_flag_) return;
+    full_limits_ = limits_;
+    limits_.max_payload = 0;
     if (sec_.acceptor) {
       // Until the proof arrives: one small frame at most, within the deadline.
-      full_limits_ = limits_;
-      limits_.max_payload = 0;
-      limits_.max_meta = proof_size;
-      nonce_ = make_nonce();
-      wire::header h;
-      h.command = wire::cmd::challenge;
-      h.meta_len = static_cast<std::uint32_t>(nonce_.size());
-      hs_hdr_ = wire::encode(h);
-      std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(nonce_)};
-      io([&](auto& st) {
-        asio::async_write(st, b,
-                          [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                            if (ec) self->fail("write: " + ec.message());
-                          });
-      });
+      limits_.max_meta = auth_size;
+      challenge_ = {make_nonce(), sec_.self};
+      send_handshake(wire::cmd::challenge, encode_challenge(challenge_), {});
     } else {
-      full_limits_ = limits_;
-      limits_.max_payload = 0;
-      limits_.max_meta = nonce_size;
+      limits_.max_meta = std::max(challenge_size, proof_size);
     }
     arm_timer(sec_.handshake_timeout, true);
     read_more();
   }
 
-  // The first frame of a connection: the proof (acceptor side) or the challenge (connector).
+  // Writes one handshake frame (nothing else is written before the handshake ends), then runs
+  // `then` (if any) once it is out.
+  void send_handshake(wire::cmd c, std::string meta, std::function<void()> then) {
+    wire::header h;
+    h.command = c;
+    h.meta_len = static_cast<std::uint32_t>(meta.size());
+    hs_hdr_ = wire::encode(h);
+    hs_meta_ = std::move(meta);
+    std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(hs_meta_)};
+    io([&](auto& st) {
+      asio::async_write(st, b,
+                        [self = shared_from_this(), then = std::move(then)](
+                            boost::system::error_code ec, std::size_t) {
+                          if (ec) return self->fail("write: " + ec.message());
+                          if (then) then();
+                        });
+    });
+  }
+
+  // Says why before closing, so a misconfigured node reports a wrong token, not a mystery.
+  void refuse(const std::string& why) {
+    wire::header r;
+    r.command = wire::cmd::response;
+    r.status = static_cast<std::uint32_t>(errc::auth_failed);
+    hs_hdr_ = wire::encode(r);
+    closing_ = true;
+    io([&](auto& st) {
+      asio::async_write(st, asio::buffer(hs_hdr_),
+                        [self = shared_from_this(), why](boost::system::error_code, std::size_t) {
+                          self->fail(why);
+                        });
+    });
+  }
+
+  // The connector's address as this end sees it ("ip:port"; "" for a socket without one).
+  std::string connector_address() const {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    auto* sa = reinterpret_cast<sockaddr*>(&ss);
+    const int fd = const_cast<tcp::socket&>(sock_).native_handle();
+    if ((sec_.acceptor ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) return {};
+    boost::system::error_code ec;
+    if (ss.ss_family == AF_INET) {
+      auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+      asio::ip::address_v4 a(ntohl(in->sin_addr.s_addr));
+      return a.to_string() + ":" + std::to_string(ntohs(in->sin_port));
+    }
+    if (ss.ss_family == AF_INET6) {
+      auto* in = reinterpret_cast<sockaddr_in6*>(&ss);
+      asio::ip::address_v6::bytes_type bytes;
+      std::memcpy(bytes.data(), &in->sin6_addr, bytes.size());
+      asio::ip::address_v6 a(bytes);
+      const std::string host = a.is_v4_mapped()
+                                   ? asio::ip::make_address_v4(asio::ip::v4_mapped, a).to_string()
+                                   : a.to_string();
+      return host + ":" + std::to_string(ntohs(in->sin6_port));
+    }
+    return {};
+  }
+
+  // The handshake's frames (see transport/auth.hpp for the exchange and what it proves).
   void handshake(const wire::header& h, const std::string& meta) {
     if (sec_.acceptor) {
       if (h.command != wire::cmd::auth) return fail("unauthenticated frame before the token proof");
-      if (!check_proof(sec_.token, nonce_, meta)) {
-        // Say why before closing, so a misconfigured node reports a wrong token, not a mystery.
-        wire::header r;
-        r.command = wire::cmd::response;
-        r.status = static_cast<std::uint32_t>(errc::auth_failed);
-        hs_hdr_ = wire::encode(r);
-        io([&](auto& st) {
-          asio::async_write(st, asio::buffer(hs_hdr_),
-                            [self = shared_from_this()](boost::system::error_code, std::size_t) {
-                              self->fail("authentication failed (wrong token)");
-                            });
-        });
-        closing_ = true;
-        return;
-      }
-      binding_ = nonce_;
-      authed_ = true;
-      limits_ = full_limits_;
-      arm_timer(sec_.idle_timeout, false);
-      start_writing();
+      const auto a = decode_auth(meta);
+      if (!a) return fail("malformed authentication frame");
+      if (sec_.bind_address && !a->bind_address)
+        return refuse("the peer's proof does not cover its address (KVSTORE_AUTH_BIND_ADDRESS)");
+      const std::string t = transcript(challenge_, *a, connector_address());
+      if (!same_proof(connector_proof(sec_.token, t), a->proof))
+        return refuse("authentication failed (wrong token, or a proof relayed from elsewhere)");
+      binding_ = challenge_.nonce + a->nonce;
+      peer_role_ = a->connector;
+      peer_proven();
+      // Our proof goes out before any frame of ours.
+      send_handshake(wire::cmd::auth, acceptor_proof(sec_.token, t),
+                     [self = shared_from_this()] { self->writes_open(); });
       return;
     }
-    if (h.command != wire::cmd::challenge || meta.size() != nonce_size)
-      return fail("expected the peer's challenge first");
-    // The proof goes out before any queued frame.
-    wire::header a;
-    a.command = wire::cmd::auth;
-    a.meta_len = static_cast<std::uint32_t>(proof_size);
-    hs_hdr_ = wire::encode(a);
-    proof_ = make_proof(sec_.token, meta);
-    binding_ = meta;
-    std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(proof_)};
-    io([&](auto& st) {
-      asio::async_write(st, b,
-                        [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                          if (ec) return self->fail("write: " + ec.message());
-                          self->authed_ = true;
-                          self->limits_ = self->full_limits_;
-                          self->arm_timer(self->sec_.idle_timeout, false);
-                          self->start_writing();
-                        });
-    });
+    if (!answer_) {
+      if (h.command == wire::cmd::response &&
+          h.status == static_cast<std::uint32_t>(errc::auth_failed))
+        return fail("the peer refused this node's token (KVSTORE_TOKEN differs)");
+      const auto c = h.command == wire::cmd::challenge ? decode_challenge(meta) : std::nullopt;
+      if (!c) return fail("expected the peer's challenge first");
+      if (sec_.expect_peer && c->acceptor != *sec_.expect_peer)
+        return fail(std::string("the peer says it is a ") + detail::role_name(c->acceptor) +
+                    ", not the " + detail::role_name(*sec_.expect_peer) + " this node dialed");
+      challenge_ = *c;
+      answer_ = answer_challenge(sec_.token, *c, sec_.self, sec_.bind_address, connector_address());
+      send_handshake(wire::cmd::auth, encode_auth(*answer_), {});
+      return;
+    }
+    // The acceptor's proof: until it checks out, nothing of this node's is sent.
+    if (h.command == wire::cmd::response &&
+        h.status == static_cast<std::uint32_t>(errc::auth_failed))
+      return fail("the peer refused this node's token (KVSTORE_TOKEN differs)");
+    if (h.command != wire::cmd::auth ||
+        !same_proof(
+            acceptor_proof(sec_.token, transcript(challenge_, *answer_, connector_address())),
+            meta))
+      return fail(std::string("the ") + detail::role_name(challenge_.acceptor) + " at " + remote_ +
+                  " could not prove the token: not a node of this job (KVSTORE_TOKEN differs, "
+                  "or something else answers there)");
+    binding_ = challenge_.nonce + answer_->nonce;
+    peer_role_ = challenge_.acceptor;
+    peer_proven();
+    writes_open();
+  }
+
+  // The peer proved the token: full limits and buffer, the idle deadline, the owner told.
+  void peer_proven() {
+    limits_ = full_limits_;
+    rbuf_.resize(read_buffer_size);
+    proven_ = true;
+    arm_timer(sec_.idle_timeout, false);
+    handler_->on_authenticated(*this);
+  }
+  // This end's part of the handshake is out: queued frames may follow.
+  void writes_open() {
+    if (closed_flag_) return;
+    authed_ = true;
+    start_writing();
   }
 
   void start_writing() {
@@ -310,7 +386,7 @@ class connection : public std::enable_shared_from_this<connection> {
     timer_.async_wait([self = shared_from_this(), period, handshake](boost::system::error_code ec) {
       if (ec || self->closed_flag_) return;
       if (handshake) {
-        if (!self->authed_)
+        if (!self->proven_)
           self->fail("no authentication within " + std::to_string(period.count()) + " ms");
         return;
       }
@@ -383,16 +459,19 @@ class connection : public std::enable_shared_from_this<connection> {
         if (meta_.size() < cur_.meta_len) return read_more();
         // Meta complete: choose the payload's destination.
         sink_ = {};
-        if (authed_) {
+        if (proven_) {
           try {
             sink_ = handler_->payload_sink(*this, cur_);
           } catch (const std::exception& e) {
             return fail(std::string("refused frame: ") + e.what());
           }
         }
-        if (sink_.size() != cur_.payload_len) {
-          own_.resize(cur_.payload_len);
-          sink_ = std::span<std::byte>(own_.data(), own_.size());
+        // Without a sink of the owner's, the connection's own buffer grows as the bytes arrive:
+        // a header's word alone allocates nothing.
+        own_sink_ = sink_.size() != cur_.payload_len;
+        if (own_sink_) {
+          own_.clear();
+          sink_ = {};
         }
         got_ = 0;
         stage_ = stage::payload;
@@ -401,19 +480,27 @@ class connection : public std::enable_shared_from_this<connection> {
       // stage::payload
       std::size_t want = cur_.payload_len - got_;
       std::size_t take = std::min(want, avail);
+      if (own_sink_) grow_own(got_ + take);
       if (take) std::memcpy(sink_.data() + got_, rbuf_.data() + rbeg_, take);
       rbeg_ += take;
       got_ += take;
       if (got_ < cur_.payload_len) {
-        // The rest goes straight into the sink, no staging copy.
+        // The rest goes straight into the sink, no staging copy; the own buffer at most doubles
+        // per read, so it never holds much more than what arrived.
         rbeg_ = rend_ = 0;
+        std::size_t chunk = cur_.payload_len - got_;
+        if (own_sink_) {
+          grow_own(
+              std::min<std::uint64_t>(cur_.payload_len, got_ + std::max(got_, read_buffer_size)));
+          chunk = own_.size() - got_;
+        }
         io([&](auto& st) {
           asio::async_read(
-              st, asio::buffer(sink_.data() + got_, cur_.payload_len - got_),
+              st, asio::buffer(sink_.data() + got_, chunk),
               [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                 if (ec) return self->fail("read: " + ec.message());
                 self->got_ += n;
-                self->deliver();
+                if (self->got_ == self->cur_.payload_len) self->deliver();
                 self->parse();
               });
         });
@@ -423,10 +510,15 @@ class connection : public std::enable_shared_from_this<connection> {
     }
   }
 
+  void grow_own(std::size_t n) {
+    if (own_.size() < n) own_.resize(n);
+    sink_ = std::span<std::byte>(own_.data(), own_.size());
+  }
+
   void deliver() {
     stage_ = stage::header;
     auto payload = std::span<const std::byte>(sink_.data(), cur_.payload_len);
-    if (!authed_ || closing_) {
+    if (!proven_ || closing_) {
       if (!closing_) handshake(cur_, meta_);
       meta_.clear();
       return;
@@ -452,7 +544,7 @@ class connection : public std::enable_shared_from_this<connection> {
   bool must_stall() const {
     if (paused_by_owner_) return true;
     const std::size_t cap = sec_.max_queued_bytes;
-    return authed_ && cap && queued_bytes_.load() > (stalled_ ? cap / 2 : cap);
+    return proven_ && cap && queued_bytes_.load() > (stalled_ ? cap / 2 : cap);
   }
   void maybe_resume() {
     if (!stalled_ || closed_flag_ || closing_ || must_stall()) return;
@@ -563,13 +655,17 @@ class connection : public std::enable_shared_from_this<connection> {
   wire::limits full_limits_;
   security sec_;
   std::size_t gather_bytes_;
-  std::atomic<bool> authed_{false};
+  std::atomic<bool> authed_{false};  // this end's handshake frames are out: frames may follow
+  std::atomic<bool> proven_{false};  // the peer proved the token (and its role)
+  kvstore::role peer_role_ = kvstore::role::worker;
+  challenge challenge_;
+  std::optional<auth_answer> answer_;  // connector: what it sent
+  std::string hs_meta_;
   bool paused_by_owner_ = false;  // pause_reading()
   bool stalled_ = false;          // parse() stopped at a frame boundary; maybe_resume() goes on
   std::atomic<std::size_t> queued_bytes_{0};
   std::string binding_;
   bool closing_ = false;  // refused: reading stops, the refusal is being written
-  std::string nonce_, proof_;
   wire::header_bytes hs_hdr_{};
   std::chrono::steady_clock::time_point last_rx_{};
   std::string remote_;
@@ -581,6 +677,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::string meta_;
   std::span<std::byte> sink_;
   std::vector<std::byte> own_;
+  bool own_sink_ = false;  // the payload goes to own_, grown as it arrives
   std::size_t got_ = 0;
 
   std::mutex qm_;

@@ -1,7 +1,13 @@
 // What a server and the scheduler share: one io thread, a listening socket bound to the chosen
-// host, an accept loop bounded by max_connections, a timer for heartbeats, answers to requests,
-// and the way a node finishes (acceptor closed, connections closed, io stopped). Each node adds
-// its own frames, membership and ticks on top.
+// host, an accept loop that survives every accept error, a timer for heartbeats, answers to
+// requests, and the way a node finishes (acceptor closed, connections closed, io stopped). Each
+// node adds its own frames, membership and ticks on top.
+//
+// Connections that have not proven the token yet live here, in a small pool of their own
+// (max_pending_connections, a tiny read buffer, the handshake deadline); a full pool evicts its
+// oldest. Only a proven connection is handed to the node (accepted()) and counts against
+// max_connections, which stays below the process's descriptor limit (raised to its hard limit
+// at start). So a flood of unauthenticated sockets never keeps a real peer out.
 #pragma once
 
 #include <kvstore/detail/log.hpp>
@@ -10,7 +16,12 @@
 #include <kvstore/transport/security.hpp>
 #include <kvstore/wire/frame.hpp>
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <list>
 #include <memory>
 #include <string>
 
@@ -31,6 +42,7 @@ class node_base : public frame_handler {
   /// may carry, and how many bytes a write gathers.
   struct accept_rules {
     std::size_t max_connections = 4096;
+    std::size_t max_pending_connections = 64;
     transport_security security;
     wire::limits limits;
     std::size_t gather_bytes = std::size_t{1} << 20;
@@ -44,7 +56,12 @@ class node_base : public frame_handler {
   /// now, not later.
   node_base(std::string who, accept_rules rules, const std::string& host, std::uint16_t port,
             bool reuse_address, const std::string& what)
-      : acceptor_(io_), timer_(io_), who_(std::move(who)), rules_(std::move(rules)) {
+      : acceptor_(io_),
+        timer_(io_),
+        who_(std::move(who)),
+        rules_(std::move(rules)),
+        accept_retry_(io_) {
+    rules_.max_connections = connection_cap(rules_.max_connections, rules_.max_pending_connections);
     try {
       tcp::endpoint ep(asio::ip::make_address(host), port);
       acceptor_.open(ep.protocol());
@@ -57,30 +74,117 @@ class node_base : public frame_handler {
     tls_context(rules_.security);
   }
 
-  /// Connections this node holds now (counted against max_connections).
+  /// Proven connections this node holds now (counted against max_connections).
   virtual std::size_t connections() const = 0;
-  /// A new connection, not started yet: keep it, then it is started.
+  /// A connection whose peer proved the token: keep it (its frames follow).
   virtual void accepted(conn_ptr c) = 0;
+  /// A connection this node kept (accepted(), or one it opened) closed; called once.
+  virtual void closed(connection& c, const std::string& reason) = 0;
   /// Closes every connection this node holds (finish()).
   virtual void close_all() = 0;
 
+  /// The most proven connections at once: the configured number, but never so many that the
+  /// descriptors run out first (the soft RLIMIT_NOFILE is raised to the hard one for that).
+  static std::size_t connection_cap(std::size_t configured, std::size_t pending) {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return configured;
+    if (rl.rlim_cur < rl.rlim_max) {
+      rlimit up = rl;
+      up.rlim_cur = rl.rlim_max;
+      if (::setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
+    }
+    if (rl.rlim_cur == RLIM_INFINITY) return configured;
+    // Room for the pending pool, the listening socket, the scheduler's connection, files
+    // (snapshots, logs) and the runtime's own descriptors.
+    const std::size_t reserve = pending + 32;
+    const std::size_t fds = static_cast<std::size_t>(rl.rlim_cur);
+    return std::max<std::size_t>(1, std::min(configured, fds > reserve ? fds - reserve : 1));
+  }
+
   void accept() {
     acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
-      if (ec) return;  // acceptor closed
+      if (done_ || !acceptor_.is_open()) return;
+      if (ec) return accept_failed(ec);
+      accept_trouble_ = false;
       if (connections() >= rules_.max_connections) {
+        // Checked again once it is proven; a socket we cannot serve is closed now.
         detail::log_warn(who_, "refused a connection: already " + std::to_string(connections()) +
                                    " (max_connections)");
         boost::system::error_code ig;
         s.close(ig);
         return accept();
       }
+      if (unproven_.size() >= rules_.max_pending_connections) {
+        // The oldest unproven connection makes room: a flood cannot hold the door shut for
+        // longer than the time a real peer needs to prove itself.
+        auto oldest = unproven_.front();
+        unproven_.pop_front();
+        evicted_.push_back(oldest);
+        oldest->close("evicted: too many unauthenticated connections");
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_eviction_log_ > std::chrono::seconds(10)) {
+          last_eviction_log_ = now;
+          detail::log_warn(who_, "more than " + std::to_string(rules_.max_pending_connections) +
+                                     " connections have not proven the token: evicting the "
+                                     "oldest (max_pending_connections)");
+        }
+      }
       auto c = std::make_shared<connection>(std::move(s), *this, rules_.limits, rules_.security,
                                             rules_.gather_bytes);
-      accepted(c);
+      unproven_.push_back(c);
       c->start();
       accept();
     });
   }
+
+  // An accept error (out of descriptors, of memory, a connection reset before it was taken):
+  // retry after a pause instead of giving up listening for good; logged once per episode.
+  void accept_failed(const boost::system::error_code& ec) {
+    if (!accept_trouble_)
+      detail::log_warn(who_, "accept failed (" + ec.message() + "); retrying every 100 ms");
+    accept_trouble_ = true;
+    ++accept_errors_;
+    accept_retry_.expires_after(std::chrono::milliseconds(100));
+    accept_retry_.async_wait([this](boost::system::error_code e) {
+      if (!e && !done_) accept();
+    });
+  }
+
+  void on_authenticated(connection& c) override {
+    for (auto it = unproven_.begin(); it != unproven_.end(); ++it)
+      if (it->get() == &c) {
+        auto self = *it;
+        unproven_.erase(it);
+        if (connections() >= rules_.max_connections) {
+          detail::log_warn(who_, "refused " + c.remote() + ": already " +
+                                     std::to_string(connections()) + " (max_connections)");
+          c.close("too many connections (max_connections)");
+          return;
+        }
+        return accepted(std::move(self));
+      }
+  }
+
+  void on_close(connection& c, const std::string& reason) override {
+    for (auto it = evicted_.begin(); it != evicted_.end(); ++it)
+      if (it->get() == &c) {
+        evicted_.erase(it);
+        return;
+      }
+    for (auto it = unproven_.begin(); it != unproven_.end(); ++it)
+      if (it->get() == &c) {
+        unproven_.erase(it);
+        if (!done_)
+          detail::log_info(who_,
+                           "dropped " + c.remote() + " before it proved the token: " + reason);
+        return;
+      }
+    closed(c, reason);
+  }
+
+  /// Unproven connections now (the pending pool), and accept errors survived so far.
+  std::size_t unproven_connections() const noexcept { return unproven_.size(); }
+  std::uint64_t accept_errors() const noexcept { return accept_errors_; }
 
   /// Answers request `req` of `c` (aux: the answer's number, if any).
   void reply(connection& c, std::uint64_t req, errc status, std::string msg,
@@ -107,6 +211,9 @@ class node_base : public frame_handler {
     boost::system::error_code ec;
     acceptor_.close(ec);
     timer_.cancel();
+    accept_retry_.cancel();
+    for (auto& c : unproven_) c->close("shutting down");
+    for (auto& c : evicted_) c->close("shutting down");
     close_all();
     asio::post(io_, [this] { io_.stop(); });
     return true;
@@ -121,6 +228,12 @@ class node_base : public frame_handler {
 
  private:
   accept_rules rules_;
+  asio::steady_timer accept_retry_;
+  std::list<conn_ptr> unproven_;  // accepted sockets that have not proven the token, oldest first
+  std::list<conn_ptr> evicted_;   // closed to make room, until their close has run
+  std::chrono::steady_clock::time_point last_eviction_log_{};
+  bool accept_trouble_ = false;
+  std::uint64_t accept_errors_ = 0;
 };
 
 }  // namespace kvstore::transport

@@ -2,7 +2,10 @@
 // so transport/ needs nothing else of options.hpp.
 #pragma once
 
+#include <kvstore/node.hpp>
+
 #include <chrono>
+#include <optional>
 #include <string>
 
 namespace kvstore {
@@ -11,6 +14,10 @@ namespace kvstore {
 struct transport_security {
   std::string token;
   bool acceptor = false;
+  /// This node's role, which the handshake proves along with the token.
+  kvstore::role self = kvstore::role::worker;
+  /// Connector: the role the accepting side must prove (none: any).
+  std::optional<kvstore::role> expect_peer;
   std::chrono::milliseconds handshake_timeout{5'000};
   std::chrono::milliseconds idle_timeout{0};
   std::string tls_cert, tls_key, tls_ca;  // TLS when tls_cert is set
