@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 namespace kvstore {
@@ -92,9 +93,34 @@ class KVStore<dist, T> {
     detail::check_matrix_init(k, value.size(), row_length);
     init_one(std::move(k), value, row_length);
   }
+  /// Every key is checked before any is sent (a misuse inits none of them); then all inits go
+  /// out together and are answered together: one round trip for the lot, not one per key. A key
+  /// a server refuses is not inited; the others are, and the first error is thrown.
   void init(std::span<const key> ks, std::span<const std::span<const T>> values) {
     detail::check_count("init", ks.size(), "with", values.size(), "values");
-    for (std::size_t i = 0; i < ks.size(); ++i) init_one(ks[i], values[i], 0);
+    std::unordered_set<std::uint64_t> named;
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      if (values[i].empty()) fail(errc::invalid_argument, call_kind::init, ks[i], "an empty value");
+      if (const record* m = impl_->keys.find(ks[i].id())) {
+        detail::check_same_name("init", m->k, ks[i]);
+        fail(errc::already_inited, call_kind::init, ks[i], "inited twice");
+      }
+      if (!named.insert(ks[i].id()).second)
+        fail(errc::already_inited, call_kind::init, ks[i], "named twice in one init");
+    }
+    std::vector<std::pair<record*, std::shared_ptr<detail::op_state>>> sent;
+    sent.reserve(ks.size());
+    for (std::size_t i = 0; i < ks.size(); ++i) sent.emplace_back(send_init(ks[i], values[i], 0));
+    std::exception_ptr first;
+    for (auto& [m, st] : sent) {
+      try {
+        op(st).wait();
+      } catch (...) {
+        impl_->keys.remove(m->k.id());
+        if (!first) first = std::current_exception();
+      }
+    }
+    if (first) std::rethrow_exception(first);
   }
 
   // ---- push / pull ---------------------------------------------------------------------------
@@ -335,6 +361,19 @@ class KVStore<dist, T> {
   }
 
   void init_one(key k, std::span<const T> value, std::uint64_t row_length) {
+    auto [m, st] = send_init(k, value, row_length);
+    try {
+      op(st).wait();
+    } catch (...) {
+      impl_->keys.remove(m->k.id());
+      throw;
+    }
+  }
+
+  // Adds the key's record and sends its init; the returned state completes with the answers.
+  std::pair<record*, std::shared_ptr<detail::op_state>> send_init(const key& k,
+                                                                  std::span<const T> value,
+                                                                  std::uint64_t row_length) {
     if (value.empty()) fail(errc::invalid_argument, call_kind::init, k, "an empty value");
     auto slices = detail::partition(k.id(), value.size(), row_length, sizeof(T), num_servers(),
                                     impl_->opts.slice_bytes);
@@ -346,12 +385,7 @@ class KVStore<dist, T> {
     }
     auto st = new_state(1);
     impl_->reqs.init(*m, value, rank() == 0, [st](std::exception_ptr e) { st->complete_part(e); });
-    try {
-      op(st).wait();
-    } catch (...) {
-      impl_->keys.remove(k.id());
-      throw;
-    }
+    return {m, st};
   }
 
   // The shared state of a new op of `parts` parts; its wait() spins as the options say.

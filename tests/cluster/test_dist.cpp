@@ -324,6 +324,23 @@ TEST_CASE("a moved store keeps working; misuse is a kvstore::error naming the ke
     std::vector<float> o13(4);
     kv.pull(13, o13).wait();
     CHECK(o13 == filled(4, 2.0f));
+    // A multi-key init is checked whole before anything is sent: a key named twice, or one
+    // inited before, inits none of the others.
+    const auto a = filled(2, 5.0f), b = filled(2, 6.0f);
+    std::vector<kvstore::key> twice{20, 21, 20}, again{22, 11};
+    std::vector<std::span<const float>> v3{a, b, a}, v2{a, b};
+    expect_error([&] { kv.init(twice, v3); }, errc::already_inited, {"20", "twice"});
+    expect_error([&] { kv.init(again, v2); }, errc::already_inited, {"11"});
+    std::vector<float> o2(2);
+    for (int k : {20, 21, 22}) expect_error([&] { kv.pull(k, o2); }, errc::unknown_key, {"never"});
+    // Then the same keys in one call, sent together: every value stored.
+    std::vector<kvstore::key> fresh{20, 21, 22};
+    std::vector<std::span<const float>> v{a, b, a};
+    kv.init(fresh, v);
+    for (int k : {20, 21, 22}) {
+      kv.pull(k, o2).wait();
+      CHECK(o2 == (k == 21 ? b : a));
+    }
   });
 }
 
