@@ -648,3 +648,28 @@ TEST_CASE("calls from several threads" * doctest::timeout(60)) {
   CHECK(wrong == 0);
   CHECK(pulled(kv, 349, 1) == std::vector<float>{350});
 }
+
+TEST_CASE("grouping a multi-key call: first-appearance order, repeats joined, past the scan size" *
+          doctest::timeout(10)) {
+  // 40 keys, key 3 named again at positions 20 and 39: its group gets all three buffers, in
+  // order, whichever way (scan or hash table) the grouping found it.
+  std::vector<int> ids;
+  for (int i = 0; i < 38; ++i) ids.push_back(i);
+  ids.insert(ids.begin() + 20, 3);
+  ids.push_back(3);
+  std::vector<int> storage(100);
+  std::vector<std::span<const int>> bufs;
+  for (std::size_t i = 0; i < ids.size(); ++i) bufs.emplace_back(&storage[i], 1);
+  auto groups = kvstore::detail::group_by_key<const int*>(
+      std::span<const std::span<const int>>(bufs),
+      [&](std::size_t i) { return &storage[50 + static_cast<std::size_t>(ids[i])]; },
+      [](const int* a, const int* b) { return a == b; });
+  REQUIRE(groups.size() == 38);
+  for (std::size_t g = 0; g < groups.size(); ++g)
+    CHECK(groups[g].h == &storage[50 + g]);  // first-appearance order
+  REQUIRE(groups[3].bufs.size() == 3);
+  CHECK(groups[3].bufs[0].data() == &storage[3]);
+  CHECK(groups[3].bufs[1].data() == &storage[20]);
+  CHECK(groups[3].bufs[2].data() == &storage[39]);
+  CHECK(groups[37].bufs.size() == 1);
+}

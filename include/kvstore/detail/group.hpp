@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -19,19 +20,34 @@ struct key_group {
 /// The buffers of a multi-key call grouped by key, in first-appearance order: a key named twice
 /// gets both of its buffers in one group (summed for a push, each filled for a pull).
 /// `lookup(i)` is the handle of the i-th key (it throws for a bad key, before anything is
-/// queued); `same(a, b)` tells whether two handles name one key.
+/// queued); `same(a, b)` tells whether two handles name one key, and equal handles must hash
+/// equal (`std::hash<Handle>`): past a few keys the groups are found through a hash table, so
+/// the cost stays linear in the number of keys.
 template <class Handle, class Buf, class Lookup, class Same>
 std::vector<key_group<Handle, Buf>> group_by_key(std::span<const Buf> bufs, Lookup&& lookup,
                                                  Same&& same) {
+  constexpr std::size_t scan_below = 16;  // a short scan beats hashing for small calls
   std::vector<key_group<Handle, Buf>> groups;
+  groups.reserve(bufs.size());
+  std::unordered_map<Handle, std::size_t> index;
   for (std::size_t i = 0; i < bufs.size(); ++i) {
     Handle h = lookup(i);
-    auto it =
-        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return same(g.h, h); });
-    if (it == groups.end())
+    std::size_t at = groups.size();
+    if (groups.size() < scan_below) {
+      for (std::size_t g = 0; g < groups.size(); ++g)
+        if (same(groups[g].h, h)) {
+          at = g;
+          break;
+        }
+    } else {
+      if (index.empty())
+        for (std::size_t g = 0; g < groups.size(); ++g) index.emplace(groups[g].h, g);
+      at = index.try_emplace(h, groups.size()).first->second;
+    }
+    if (at == groups.size())
       groups.push_back({std::move(h), {bufs[i]}});
     else
-      it->bufs.push_back(bufs[i]);
+      groups[at].bufs.push_back(bufs[i]);
   }
   return groups;
 }
