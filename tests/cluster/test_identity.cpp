@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -159,6 +160,140 @@ TEST_CASE("a hello that overtakes the server's address book is checked when the 
   rounds(c, [] {});
   CHECK(bad.closed_within(5'000ms));
   CHECK(bad.answers() == 0);
+}
+
+namespace {
+
+// A scripted node over a real connection (token handshake included): sends whatever frames the
+// test builds and keeps what it receives.
+class peer final : public transport::frame_handler {
+ public:
+  peer(const kvstore::dist_options& o, std::uint16_t port) : work_(io_.get_executor()) {
+    tcp::socket s(io_);
+    s.connect({asio::ip::make_address("127.0.0.1"), port});
+    conn_ = std::make_shared<transport::connection>(std::move(s), *this, wire::limits{},
+                                                    o.security(false));
+    thread_ = std::thread([this] { io_.run(); });
+    conn_->start();
+  }
+  ~peer() {
+    conn_->close("test over");
+    work_.reset();
+    thread_.join();
+  }
+  void send(wire::header h, std::string meta = {}, std::vector<float> payload = {}) {
+    transport::out_frame f;
+    f.h = h;
+    f.meta = std::move(meta);
+    auto keep = std::make_shared<std::vector<float>>(std::move(payload));
+    f.payload = reinterpret_cast<const std::byte*>(keep->data());
+    f.payload_len = keep->size() * sizeof(float);
+    f.keep = keep;
+    conn_->send(std::move(f));
+  }
+  /// The connection's binding, once the handshake is done.
+  std::string binding() {
+    for (int i = 0; i < 5000 && !conn_->authenticated(); ++i) std::this_thread::sleep_for(1ms);
+    REQUIRE(conn_->authenticated());
+    return conn_->binding();
+  }
+  /// The first frame received with command `c` (and request `req`, unless 0), within 10 s.
+  std::pair<wire::header, std::string> wait_for(wire::cmd c, std::uint64_t req = 0) {
+    for (int i = 0; i < 1000; ++i) {
+      {
+        std::lock_guard lk(m_);
+        for (auto& [h, meta] : got_)
+          if (h.command == c && (!req || h.req_id == req)) return {h, meta};
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    FAIL("no such frame within 10 s");
+    return {};
+  }
+  bool closed_within(std::chrono::milliseconds limit) {
+    auto end = std::chrono::steady_clock::now() + limit;
+    while (!closed_ && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(10ms);
+    return closed_;
+  }
+
+  void on_frame(transport::connection&, const wire::header& h, std::string meta,
+                std::span<const std::byte>) override {
+    std::lock_guard lk(m_);
+    got_.emplace_back(h, std::move(meta));
+  }
+  void on_close(transport::connection&, const std::string&) override { closed_ = true; }
+
+ private:
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::shared_ptr<transport::connection> conn_;
+  std::thread thread_;
+  std::mutex m_;
+  std::vector<std::pair<wire::header, std::string>> got_;
+  std::atomic<bool> closed_{false};
+};
+
+wire::header frame_of(wire::cmd c, std::uint64_t req = 0) {
+  wire::header h;
+  h.command = c;
+  h.req_id = req;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("a worker's newer connection replaces the older, whose close is no departure" *
+          doctest::timeout(60)) {
+  // Worker 1 is scripted: it registers like a worker (its book brings its credential), proves
+  // its rank on two connections to the server, and pushes through the newer one.
+  auto o = tokened(2, 1);
+  o.dead_timeout = 60'000ms;  // the scripted worker sends no heartbeats
+  kvtest::cluster c(o);
+  peer sched(c.options(), c.options().scheduler_port);
+  sched.send(frame_of(wire::cmd::reg, 1),
+             wire::encode_registration({kvstore::role::worker, 1, "", 0, 2, 1}));
+  auto wo = c.options();
+  wo.role = kvstore::role::worker;
+  wo.rank_hint = 0;
+  kvstore::KVStore<kvstore::dist> kv(wo);
+  const auto [bh, bm] = sched.wait_for(wire::cmd::address_book);
+  REQUIRE(bh.aux == 1);
+  const auto book = wire::decode_address_book(bm);
+  REQUIRE(book.servers.size() == 1);
+  REQUIRE(book.credential.size() == transport::identity_size);
+  CHECK(book.job_secret.empty());  // a worker never learns the job secret
+  kv.init(5, std::vector<float>(4, 0.f));
+
+  auto hello = [&](peer& p) {
+    auto h = frame_of(wire::cmd::hello);
+    h.aux = 1;
+    p.send(h, transport::hello_proof(book.credential, p.binding(), book.servers[0].id, 1));
+  };
+  peer older(c.options(), c.server(0).port());
+  hello(older);
+  peer newer(c.options(), c.server(0).port());
+  hello(newer);
+  CHECK(older.closed_within(5'000ms));  // replaced, and its close is not worker 1 leaving
+  CHECK_FALSE(newer.closed_within(200ms));
+
+  auto push = frame_of(wire::cmd::push, 7);
+  push.key = 5;
+  push.total = 4;
+  push.type = wire::dtype::f32;
+  push.flags = wire::flag_last;
+  push.aux = 1;
+  newer.send(push, {}, std::vector<float>(4, 2.f));
+  std::vector<float> out(4);
+  kv.push(5, std::vector<float>(4, 1.f)).wait();
+  kv.pull(5, out).wait();
+  CHECK(out == std::vector<float>(4, 3.f));  // both workers' pushes, summed
+  CHECK(newer.wait_for(wire::cmd::response, 7).first.status == 0);
+  // Its bye (on its proven connection) takes worker 1 out of the group: worker 0 goes on alone.
+  newer.send(frame_of(wire::cmd::bye, 8));
+  CHECK(newer.wait_for(wire::cmd::response, 8).first.status == 0);
+  kv.push(5, std::vector<float>(4, 1.f)).wait();
+  kv.pull(5, out).wait();
+  CHECK(out == std::vector<float>(4, 1.f));
 }
 
 namespace {
