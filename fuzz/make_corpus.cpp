@@ -130,14 +130,23 @@ void handshake() {
 
 void messages() {
   auto m = [](int which, const std::string& s) { return std::string(1, char(which)) + s; };
-  const std::string reg = wire::encode_registration({role::server, 1, "10.0.0.2", 9092});
+  const std::string reg = wire::encode_registration({role::server, 1, "10.0.0.2", 9092, 4, 2});
   put("messages", "registration", m(0, reg));
   put("messages", "registration-truncated", m(0, reg.substr(0, reg.size() - 3)));
   put("messages", "registration-role",
-      m(0, wire::encode_registration({role::scheduler, -1, "", 0})));
-  wire::address_book book{2, {{0, 8, "10.0.0.2", 9092}, {1, 10, "", 9093}}};
+      m(0, wire::encode_registration({role::scheduler, -1, "", 0, 1, 1})));
+  std::string huge = reg;
+  huge[huge.size() - 5] = char(0x80);  // num_workers 2^31: out of range
+  put("messages", "registration-sizes", m(0, huge));
+  // A worker's book (its credential), a server's (the job secret), and one with both.
+  wire::address_book book{
+      2, {{0, 8, "10.0.0.2", 9092}, {1, 10, "", 9093}}, {}, std::string(32, 'c')};
   const std::string b = wire::encode_address_book(book);
   put("messages", "address-book", m(1, b));
+  wire::address_book to_server{2, {{0, 8, "10.0.0.2", 9092}}, std::string(32, 's'), {}};
+  put("messages", "address-book-secret", m(1, wire::encode_address_book(to_server)));
+  to_server.credential = std::string(32, 'c');
+  put("messages", "address-book-both", m(1, wire::encode_address_book(to_server)));
   std::string b2 = b;
   b2[4] = char(0xff);  // servers count beyond the bytes
   put("messages", "address-book-count", m(1, b2));

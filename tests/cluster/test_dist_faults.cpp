@@ -104,9 +104,14 @@ struct raw_client {
     ah.command = kvstore::wire::cmd::auth;
     if (!send_frame(ah, tr::encode_auth(a))) return false;
     std::string proof;
-    return read_frame(h, proof) && h.command == kvstore::wire::cmd::auth &&
-           tr::same_proof(tr::acceptor_proof(token, tr::transcript(*c, a, addr)), proof);
+    if (!read_frame(h, proof) || h.command != kvstore::wire::cmd::auth ||
+        !tr::same_proof(tr::acceptor_proof(token, tr::transcript(*c, a, addr)), proof))
+      return false;
+    binding = c->nonce + a.nonce;  // what connection::binding() holds on both ends
+    return true;
   }
+  // The connection's binding after handshake() (transport::connection::binding(): both nonces).
+  std::string binding;
   // Reads exactly n bytes; false on EOF, error or deadline.
   bool read_exact(void* p, std::size_t n, std::chrono::milliseconds timeout) {
     char* c = static_cast<char*>(p);
@@ -233,15 +238,36 @@ TEST_CASE("misuse is a kvstore::error naming the key, and the servers keep servi
 TEST_CASE(
     "a server refuses bad requests with an error answer naming the key, and keeps the connection" *
     doctest::timeout(30)) {
-  auto o = kvtest::test_options(1, 1);
+  // Worker 1 is this test's own scripted client: it registers with the scheduler like a worker
+  // (its address book brings the credential its hello proves rank 1 with), and says bye to the
+  // server before closing, so the real worker 0's rounds go on without it.
+  auto o = kvtest::test_options(2, 1);
+  o.dead_timeout = std::chrono::milliseconds(60'000);  // the scripted worker sends no heartbeats
   kvtest::cluster c(o);
-  c.run_workers([&](KVStore<dist>& kv) {
+  raw_client sched(c.options().scheduler_port);
+  REQUIRE(sched.handshake());
+  auto reg = hdr(kvstore::wire::cmd::reg);
+  REQUIRE(sched.send_frame(
+      reg, kvstore::wire::encode_registration({kvstore::role::worker, 1, "", 0, 2, 1})));
+  auto wo = c.options();
+  wo.role = kvstore::role::worker;
+  wo.rank_hint = 0;
+  {
+    KVStore<dist> kv(wo);
+    kvstore::wire::header bh;
+    std::string bm;
+    REQUIRE(sched.read_frame(bh, bm));
+    REQUIRE(bh.command == kvstore::wire::cmd::address_book);
+    REQUIRE(bh.aux == 1);
+    const auto book = kvstore::wire::decode_address_book(bm);
+    REQUIRE(book.servers.size() == 1);
     kv.init(5, filled(4, 7.0f));
     raw_client rc(c.server(0).port());
     REQUIRE(rc.handshake());
     auto hello = hdr(kvstore::wire::cmd::hello);
-    hello.aux = 0;  // as worker 0 (this test's own worker: it says bye before closing)
-    REQUIRE(rc.send_frame(hello));
+    hello.aux = 1;
+    REQUIRE(rc.send_frame(hello, kvstore::transport::hello_proof(book.credential, rc.binding,
+                                                                 book.servers[0].id, 1)));
     auto expect_refusal = [&](kvstore::wire::header h, std::uint64_t req, errc code,
                               const std::string& part, const std::string& meta = {}) {
       h.req_id = req;
@@ -280,7 +306,7 @@ TEST_CASE(
     kv.push(5, filled(4, 2.0f)).wait();
     kv.pull(5, out).wait();
     CHECK(out == filled(4, 2.0f));
-  });
+  }
 }
 
 TEST_CASE("garbage on a server's or the scheduler's port is dropped; real workers carry on" *

@@ -424,6 +424,44 @@ TEST_CASE("a worker that leaves completes the round; one that dies fails it" *
   CHECK(d.got(0)[0].status == errc::node_dead);
 }
 
+TEST_CASE("a worker that left cannot push into rounds: refused, nothing changes" *
+          doctest::timeout(10)) {
+  for (bool sync : {true, false}) {
+    CAPTURE(sync);
+    fixture f(2, sync);
+    f.init_all(1, {0, 0}, 0, 2, 2);
+    f.init_all(2, {0, 0, 0, 0}, 0, 4, 4, 2);
+    CHECK(f.sh.worker_left(1));
+    auto refused = [&](auto&& push) {
+      try {
+        push();
+        FAIL("a push from a worker that left was taken");
+      } catch (const kvstore::error& e) {
+        CHECK(code_of(e) == errc::invalid_argument);
+        const std::string msg = e.what();
+        CHECK(msg.find("worker 1") != std::string::npos);
+        CHECK(msg.find("left the sync group") != std::string::npos);
+        return msg;
+      }
+      return std::string();
+    };
+    CHECK(refused([&] { f.push(1, 1, {100, 100}, 0, 2); }).find("key 1") != std::string::npos);
+    CHECK(refused([&] {
+            f.push_rows(1, 2, {1}, {100, 100}, 4);
+          }).find("key 2") != std::string::npos);
+    CHECK(f.got(1).empty());
+    CHECK(f.pull(1, 2) == std::vector<float>{0, 0});
+    CHECK(f.pull(2, 4) == std::vector<float>{0, 0, 0, 0});
+    // The worker still in the group: its pushes alone make the values, exactly.
+    f.push(0, 1, {1, 2}, 0, 2);
+    REQUIRE(f.got(0).size() == 1);
+    CHECK(f.got(0)[0].status == errc::ok);
+    CHECK(f.pull(1, 2) == std::vector<float>{1, 2});
+    // And the direct sink (one worker left in the group) never reads its payload in place.
+    CHECK(f.sh.sink(1, f.push_header(1, 0, 2, 2)).empty());
+  }
+}
+
 TEST_CASE("inits: others wait for rank 0's value; a death of rank 0 fails them" *
           doctest::timeout(10)) {
   fixture f(2);

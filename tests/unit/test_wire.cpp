@@ -188,27 +188,32 @@ TEST_CASE("element types and their sizes") {
 // ---- registration ---------------------------------------------------------------------------
 
 TEST_CASE("registration round-trips; a negative rank hint means none") {
-  const wire::registration m{kvstore::role::server, 3, "10.0.0.7", 65535};
+  const wire::registration m{kvstore::role::server, 3, "10.0.0.7", 65535, 16, 4};
   const auto back = wire::decode_registration(wire::encode_registration(m));
   CHECK(back.r == kvstore::role::server);
   CHECK(back.rank_hint == 3);
   CHECK(back.host == "10.0.0.7");
   CHECK(back.port == 65535);
+  CHECK(back.num_workers == 16);
+  CHECK(back.num_servers == 4);
 
-  const auto w =
-      wire::decode_registration(wire::encode_registration({kvstore::role::worker, -5, "", 0}));
+  const auto w = wire::decode_registration(
+      wire::encode_registration({kvstore::role::worker, -5, "", 0, 1, INT_MAX}));
   CHECK(w.r == kvstore::role::worker);
   CHECK(w.rank_hint == -1);
   CHECK(w.host.empty());
   CHECK(w.port == 0);
+  CHECK(w.num_workers == 1);
+  CHECK(w.num_servers == INT_MAX);
 }
 
 TEST_CASE(
     "registration refuses unknown roles, out-of-range values, bad hosts, truncation, trailing "
     "bytes") {
-  auto enc = [](std::uint32_t role, std::int64_t hint, std::string_view host, std::uint32_t port) {
+  auto enc = [](std::uint32_t role, std::int64_t hint, std::string_view host, std::uint32_t port,
+                std::uint32_t workers = 2, std::uint32_t servers = 1) {
     wire::meta_writer w;
-    w.u32(role).i64(hint).str(host).u32(port);
+    w.u32(role).i64(hint).str(host).u32(port).u32(workers).u32(servers);
     return w.take();
   };
   auto dec = [](std::string_view s) { return wire::decode_registration(s); };
@@ -224,8 +229,12 @@ TEST_CASE(
   expect_error([&] { dec(enc(0, 0, std::string("a\0b", 3), 1)); }, errc::protocol,
                {"registration", "host name with a NUL byte"});
   CHECK(dec(enc(0, 0, std::string(wire::max_host_len, 'h'), 1)).host.size() == wire::max_host_len);
+  expect_error([&] { dec(enc(0, 0, "h", 1, std::uint32_t{INT_MAX} + 1)); }, errc::protocol,
+               {"registration", "2147483648 workers"});
+  expect_error([&] { dec(enc(0, 0, "h", 1, 2, std::uint32_t{INT_MAX} + 1)); }, errc::protocol,
+               {"registration", "2147483648 servers"});
 
-  const auto good = wire::encode_registration({kvstore::role::server, 1, "host", 80});
+  const auto good = wire::encode_registration({kvstore::role::server, 1, "host", 80, 2, 1});
   expect_every_prefix_truncated(good, dec, "registration: truncated");
   expect_trailing_refused(good, dec, "registration");
 }
@@ -246,9 +255,21 @@ TEST_CASE("the address book round-trips, with no servers or several") {
     CHECK(back.servers[i].host == b.servers[i].host);
     CHECK(back.servers[i].port == b.servers[i].port);
   }
-  const auto empty = wire::decode_address_book(wire::encode_address_book({7, {}}));
+  CHECK(back.job_secret.empty());
+  CHECK(back.credential.empty());
+  const auto empty = wire::decode_address_book(wire::encode_address_book({7, {}, {}, {}}));
   CHECK(empty.num_workers == 7);
   CHECK(empty.servers.empty());
+  // A server's book carries the job secret, a worker's its credential.
+  b.job_secret = std::string(wire::identity_bytes, 's');
+  const auto to_server = wire::decode_address_book(wire::encode_address_book(b));
+  CHECK(to_server.job_secret == b.job_secret);
+  CHECK(to_server.credential.empty());
+  b.job_secret.clear();
+  b.credential = std::string(wire::identity_bytes, '\0');
+  const auto to_worker = wire::decode_address_book(wire::encode_address_book(b));
+  CHECK(to_worker.credential == b.credential);
+  CHECK(to_worker.job_secret.empty());
 }
 
 TEST_CASE(
@@ -286,7 +307,21 @@ TEST_CASE(
     w.u32(1).u32(1).u32(0).u32(8).str(std::string("\0", 1)).u32(1);
     expect_error([&] { dec(w.take()); }, errc::protocol, {"address book", "NUL byte"});
   }
-  wire::address_book b{2, {{0, 8, "a", 1}, {1, 10, "bb", 2}}};
+  {  // a secret or credential of any other length than 32 bytes, or both in one book
+    wire::meta_writer w;
+    w.u32(1).u32(0).str(std::string(31, 's')).str("");
+    expect_error([&] { dec(w.take()); }, errc::protocol,
+                 {"address book", "job secret of 31 bytes"});
+    wire::meta_writer c;
+    c.u32(1).u32(0).str("").str(std::string(33, 'c'));
+    expect_error([&] { dec(c.take()); }, errc::protocol,
+                 {"address book", "credential of 33 bytes"});
+    wire::meta_writer both;
+    both.u32(1).u32(0).str(std::string(32, 's')).str(std::string(32, 'c'));
+    expect_error([&] { dec(both.take()); }, errc::protocol,
+                 {"address book", "both a job secret and a credential"});
+  }
+  wire::address_book b{2, {{0, 8, "a", 1}, {1, 10, "bb", 2}}, {}, std::string(32, 'c')};
   const auto good = wire::encode_address_book(b);
   expect_every_prefix_truncated(good, dec, "address book");
   expect_trailing_refused(good, dec, "address book");

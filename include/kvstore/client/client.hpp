@@ -11,12 +11,14 @@
 #include <kvstore/op.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/identity.hpp>
 #include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/messages.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <limits>
 #include <optional>
 #include <set>
@@ -162,8 +164,9 @@ class worker_client final : public transport::frame_handler {
     std::string lost_why;
   };
 
-  // Opens the connection to server `s` (already connected socket) and says hello.
-  void attach(server_ref& s, transport::tcp::socket sock) {
+  // Opens the connection to server `s` (already connected socket); `then(ok)` runs on the io
+  // thread once the hello is queued (ok) or the connection closed first.
+  void attach(server_ref& s, transport::tcp::socket sock, std::function<void(bool)> then) {
     auto c = std::make_shared<transport::connection>(
         std::move(sock), *this, data_limits(), worker_security(role::server), opts_.chunk_bytes);
     c->peer_id = s.id;
@@ -174,12 +177,32 @@ class worker_client final : public transport::frame_handler {
       s.conn = c;
     }
     c->start();
+    say_hello(c, s.id, std::move(then));
+  }
+
+  // The hello proves this worker's rank for this connection (transport/identity.hpp), so it is
+  // made once the handshake fixed the connection's binding: polled on the io thread (the
+  // handshake takes a round trip; its own deadline closes a connection that never finishes it).
+  // Until then no frame is queued on the connection, so the hello still goes first.
+  void say_hello(std::shared_ptr<transport::connection> c, int server_id,
+                 std::function<void(bool)> then) {
+    if (stopping_ || c->is_closed()) return then(false);
+    if (!c->authenticated()) {
+      auto t = std::make_shared<transport::asio::steady_timer>(io_);
+      t->expires_after(std::chrono::milliseconds(1));
+      t->async_wait([this, t, c, server_id, then = std::move(then)](boost::system::error_code) {
+        say_hello(c, server_id, then);
+      });
+      return;
+    }
     transport::out_frame hello;
     hello.h.command = wire::cmd::hello;
     hello.h.priority = std::numeric_limits<std::int32_t>::max();  // ahead of any re-sent request
     hello.h.sender = id_;
     hello.h.aux = static_cast<std::uint64_t>(rank_);
+    hello.meta = transport::hello_proof(credential_, c->binding(), server_id, rank_);
     c->send(std::move(hello));
+    then(true);
   }
 
   void join() {
@@ -191,15 +214,32 @@ class worker_client final : public transport::frame_handler {
     sched_->start();
     transport::out_frame f;
     f.h = wire::plain(wire::cmd::reg);
-    f.meta = wire::encode_registration({role::worker, opts_.rank_hint, "", 0});
+    f.meta = wire::encode_registration(
+        {role::worker, opts_.rank_hint, "", 0, opts_.num_workers, opts_.num_servers});
     request r;
     r.what = {call_kind::join};
-    r.timeout = opts_.connect_timeout;
+    // A little past the scheduler's own gather deadline, so its reason (who is missing, or whose
+    // job sizes differ) arrives as the answer rather than a bare timeout here.
+    r.timeout = opts_.connect_timeout + std::chrono::milliseconds(2000);
     r.on_response = [this](const wire::header& h, std::span<const std::byte>) { (void)h; };
     call(to_scheduler, single(std::move(f)), std::move(r));  // completed by the address book
-    for (auto& s : servers_)
-      attach(s, transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout,
-                                              node_name(s.id)));
+    for (auto& s : servers_) {
+      auto sock = transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout,
+                                                node_name(s.id));
+      std::promise<bool> said;
+      auto ok = said.get_future();
+      transport::asio::post(io_, [&] {
+        try {
+          attach(s, std::move(sock), [&said](bool yes) { said.set_value(yes); });
+        } catch (...) {
+          said.set_exception(std::current_exception());
+        }
+      });
+      if (!ok.get())
+        throw error(errc::unreachable, "join: the connection to " + node_name(s.id) + " at " +
+                                           s.host + ":" + std::to_string(s.port) +
+                                           " closed during its handshake");
+    }
     joined_ = true;
     transport::asio::post(io_, [this] { tick(); });
     who_ = "worker " + std::to_string(rank_);
@@ -236,7 +276,7 @@ class worker_client final : public transport::frame_handler {
         std::lock_guard lk(m_);
         if (sched_down_.empty()) to.push_back(sched_);
         for (auto& s : servers_)
-          if (s.down.empty() && s.conn) to.push_back(s.conn);
+          if (s.down.empty() && s.conn && !s.waiting) to.push_back(s.conn);  // hello first
       }
       for (auto& c : to) {
         transport::out_frame f;
@@ -390,6 +430,7 @@ class worker_client final : public transport::frame_handler {
       servers_ = std::move(servers);
       id_ = static_cast<int>(h.key);
       rank_ = static_cast<int>(h.aux);
+      credential_ = std::move(book.credential);
     }
     if (auto p = take(h.req_id)) p->done->complete_part();
   }
@@ -429,8 +470,14 @@ class worker_client final : public transport::frame_handler {
   }
 
   void reattach(std::size_t i, transport::tcp::socket sock) {
+    // Requests keep waiting (s.waiting) until the hello is queued on the new connection.
+    attach(servers_[i], std::move(sock), [this, i](bool ok) {
+      if (ok) resend(i);
+    });
+  }
+
+  void resend(std::size_t i) {
     auto& s = servers_[i];
-    attach(s, std::move(sock));
     std::vector<std::pair<std::uint64_t, std::vector<transport::out_frame>>> again;
     {
       std::lock_guard lk(m_);
@@ -560,6 +607,7 @@ class worker_client final : public transport::frame_handler {
   std::set<int> dead_;
   std::uint64_t next_id_ = 1;
   int rank_ = -1, id_ = -1, num_workers_ = 0;
+  std::string credential_;  // from the address book: proves this worker's rank to servers
   std::string who_ = "worker";
   clock::time_point next_heartbeat_{};
   std::atomic<bool> stopping_{false};

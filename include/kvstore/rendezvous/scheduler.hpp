@@ -7,6 +7,7 @@
 #include <kvstore/node.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/identity.hpp>
 #include <kvstore/transport/node_base.hpp>
 #include <kvstore/wire/messages.hpp>
 
@@ -41,13 +42,14 @@ class scheduler final : public transport::node_base {
   using node_base::port;
 
   /// Serves until the job is over (every worker said bye or died, servers told to shut down).
-  /// Throws kvstore::error when the job does not gather within connect_timeout.
+  /// Throws kvstore::error when the job does not gather within connect_timeout (timeout), or a
+  /// node registers with other job sizes than the scheduler's (invalid_argument).
   void run() {
     start_ = clock::now();
     accept();
     tick();
     io_.run();
-    if (!failure_.empty()) throw error(errc::timeout, failure_);
+    if (!failure_.empty()) throw error(failure_code_, failure_);
   }
 
   /// Stops serving (from any thread).
@@ -101,17 +103,14 @@ class scheduler final : public transport::node_base {
     timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || done_) return;
       auto now = clock::now();
-      if (!gathered_ && now - start_ > opts_.connect_timeout) {
-        failure_ = "the job did not gather within " +
-                   std::to_string(opts_.connect_timeout.count()) +
-                   " ms: " + std::to_string(count(role::server)) + " of " +
-                   std::to_string(opts_.num_servers) + " servers and " +
-                   std::to_string(count(role::worker)) + " of " +
-                   std::to_string(opts_.num_workers) + " workers registered";
-        detail::log_warn("scheduler", failure_);
-        for (auto& n : nodes_) reply(n.conn, 0, errc::timeout, failure_);
-        return finish();
-      }
+      if (!gathered_ && failure_.empty() && now - start_ > opts_.connect_timeout)
+        return fail_job(errc::timeout, "the job did not gather within " +
+                                           std::to_string(opts_.connect_timeout.count()) +
+                                           " ms: " + std::to_string(count(role::server)) + " of " +
+                                           std::to_string(opts_.num_servers) + " servers and " +
+                                           std::to_string(count(role::worker)) + " of " +
+                                           std::to_string(opts_.num_workers) +
+                                           " workers registered");
       if (gathered_) {
         for (auto& n : nodes_) {
           if (!n.dead && !n.bye && now - n.last_heard > opts_.dead_timeout)
@@ -184,8 +183,40 @@ class scheduler final : public transport::node_base {
     }
   }
 
+  // The job cannot start: every node waiting for its address book gets `why` as the answer to its
+  // registration, then (once the answers had a moment to leave) the scheduler stops and run()
+  // throws it.
+  void fail_job(errc code, const std::string& why) {
+    failure_ = why;
+    failure_code_ = code;
+    detail::log_warn("scheduler", why);
+    for (auto& n : nodes_)
+      if (auto it = reg_req_.find(n.conn.get()); it != reg_req_.end())
+        reply(n.conn, it->second, code, why);
+    timer_.cancel();
+    timer_.expires_after(std::chrono::milliseconds(200));
+    timer_.async_wait([this](boost::system::error_code) { finish(); });
+  }
+
+  // What differs between a registering node's job sizes and the scheduler's ("" if nothing).
+  std::string size_mismatch(const wire::registration& reg, const node& n) const {
+    std::string diff;
+    auto check = [&](const char* var, int theirs, int ours) {
+      if (theirs == ours) return;
+      diff += std::string(diff.empty() ? "" : " and ") + var + "=" + std::to_string(theirs) +
+              " but the scheduler has " + std::to_string(ours);
+    };
+    check("KVSTORE_NUM_WORKERS", reg.num_workers, opts_.num_workers);
+    check("KVSTORE_NUM_SERVERS", reg.num_servers, opts_.num_servers);
+    if (diff.empty()) return diff;
+    std::string who = std::string(detail::role_name(n.r)) + " at ";
+    who += n.r == role::server ? n.host + ":" + std::to_string(n.port) : n.conn->remote();
+    if (n.rank >= 0) who += " (rank hint " + std::to_string(n.rank) + ")";
+    return who + " has " + diff;
+  }
+
   void on_register(transport::connection& c, const wire::header& h, const std::string& meta) {
-    auto reg = wire::decode_registration(meta);  // validated: role, rank hint, host, port
+    auto reg = wire::decode_registration(meta);  // validated: role, rank hint, host, port, sizes
     node n;
     n.r = reg.r;
     n.rank = reg.rank_hint;  // hint, -1 for none
@@ -204,6 +235,21 @@ class scheduler final : public transport::node_base {
         break;
       }
     n.conn = self;
+    if (!failure_.empty()) {  // the job failed: this node waits for nothing
+      reply(self, h.req_id, failure_code_, failure_);
+      pending_.insert(self);
+      return;
+    }
+    if (auto bad = size_mismatch(reg, n); !bad.empty()) {
+      reply(self, h.req_id, errc::invalid_argument, bad);
+      if (gathered_) {  // a running job goes on without the misconfigured node
+        detail::log_warn("scheduler", "refused a node: " + bad);
+        self->close("wrong job size");
+        return;
+      }
+      pending_.insert(self);  // closed with the rest when the scheduler stops
+      return fail_job(errc::invalid_argument, bad);
+    }
     if (gathered_ && take_back(n, h.req_id)) return;
     const int want = n.r == role::server ? opts_.num_servers : opts_.num_workers;
     if (gathered_ || count(n.r) >= want) {
@@ -221,6 +267,7 @@ class scheduler final : public transport::node_base {
   // Everyone is here: assign ranks (hints first, then arrival order) and send the address book.
   void gather() {
     gathered_ = true;
+    secret_ = transport::make_job_secret();
     for (role r : {role::server, role::worker}) {
       const int total = r == role::server ? opts_.num_servers : opts_.num_workers;
       std::vector<bool> taken(static_cast<std::size_t>(total), false);
@@ -242,18 +289,23 @@ class scheduler final : public transport::node_base {
         if (n.r == r)
           n.id = r == role::server ? detail::server_id(n.rank) : detail::worker_id(n.rank);
     }
-    const std::string book = address_book();
     // Servers first: a worker connects to them as soon as it has the book.
     for (role r : {role::server, role::worker})
       for (auto& n : nodes_)
-        if (n.r == r) send_book(n, book, reg_req_[n.conn.get()]);
+        if (n.r == r) send_book(n, reg_req_[n.conn.get()]);
     detail::log_info("scheduler", "job gathered: " + std::to_string(opts_.num_servers) +
                                       " servers, " + std::to_string(opts_.num_workers) +
                                       " workers");
   }
 
-  std::string address_book() const {
+  // Node n's address book: a server's carries the job secret (it checks every worker's hello), a
+  // worker's only its own credential (it proves its rank with it).
+  std::string address_book(const node& n) const {
     wire::address_book b;
+    if (n.r == role::server)
+      b.job_secret = secret_;
+    else
+      b.credential = transport::node_credential(secret_, n.id);
     b.num_workers = opts_.num_workers;
     b.servers.resize(static_cast<std::size_t>(opts_.num_servers));
     for (auto& n : nodes_)
@@ -262,7 +314,7 @@ class scheduler final : public transport::node_base {
     return wire::encode_address_book(b);
   }
 
-  void send_book(node& n, const std::string& book, std::uint64_t req) {
+  void send_book(node& n, std::uint64_t req) {
     n.conn->peer_id = n.id;
     n.conn->peer_rank = n.rank;
     n.conn->peer_role = static_cast<int>(n.r);
@@ -272,7 +324,7 @@ class scheduler final : public transport::node_base {
     f.h.key = static_cast<std::uint64_t>(n.id);
     f.h.aux = static_cast<std::uint64_t>(n.rank);
     f.h.sender = detail::scheduler_id;
-    f.meta = book;
+    f.meta = address_book(n);
     n.conn->send(std::move(f));
     n.last_heard = clock::now();
   }
@@ -292,10 +344,9 @@ class scheduler final : public transport::node_base {
     old->last_heard = clock::now();
     detail::log_warn("scheduler", detail::node_name(old->id) + " is back at " + old->host + ":" +
                                       std::to_string(old->port));
-    const std::string book = address_book();
-    send_book(*old, book, req);
+    send_book(*old, req);
     for (auto& n : nodes_)
-      if (n.r == role::worker && !n.dead && !n.bye && n.conn) send_book(n, book, 0);
+      if (n.r == role::worker && !n.dead && !n.bye && n.conn) send_book(n, 0);
     return true;
   }
 
@@ -418,6 +469,8 @@ class scheduler final : public transport::node_base {
   bool gathered_ = false;
   bool ending_ = false;
   std::string failure_;
+  errc failure_code_ = errc::timeout;
+  std::string secret_;  // the job secret (transport/identity.hpp), drawn at gather
 };
 
 }  // namespace kvstore

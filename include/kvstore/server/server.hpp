@@ -1,8 +1,8 @@
-// A server process's node loop: registers with the scheduler, accepts workers (their hello names
-// their rank), sends heartbeats, follows membership (workers that leave, die or disconnect), and
-// routes every other frame to its shard (server/shard.hpp), whose answers it writes back. It ends
-// when the scheduler says the job is over. Snapshots: server/snapshots.hpp. Everything runs on one
-// io thread, so the shard needs no locks.
+// A server process's node loop: registers with the scheduler, accepts workers (their hello proves
+// their rank: transport/identity.hpp), sends heartbeats, follows membership (workers that leave,
+// die or disconnect), and routes every other frame to its shard (server/shard.hpp), whose answers
+// it writes back. It ends when the scheduler says the job is over. Snapshots: server/snapshots.hpp.
+// Everything runs on one io thread, so the shard needs no locks.
 #pragma once
 
 #include <kvstore/detail/log.hpp>
@@ -11,10 +11,12 @@
 #include <kvstore/server/shard.hpp>
 #include <kvstore/server/snapshots.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/identity.hpp>
 #include <kvstore/transport/node_base.hpp>
 #include <kvstore/wire/messages.hpp>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <span>
@@ -83,6 +85,17 @@ class server final : public transport::node_base {
 
   using node_base::port;
   int rank() const noexcept { return rank_; }
+  /// The node id workers' hello proofs name (-1 until the address book or a rank hint sets it).
+  int id() const noexcept { return id_; }
+
+  /// Sets the job secret that checks workers' hellos (transport/identity.hpp), for a server
+  /// driven without a scheduler (fuzzers, tests); the scheduler's address book sets it otherwise.
+  /// Call from the io thread or before any connection.
+  void use_job_secret(std::string secret) {
+    if (secret.size() != transport::identity_size)
+      throw error(errc::invalid_argument, "a job secret has 32 bytes");
+    secret_ = std::move(secret);
+  }
 
   /// Registers with the scheduler and serves until the job is over. Throws kvstore::error when
   /// the scheduler cannot be reached or is lost before the job ends.
@@ -100,12 +113,13 @@ class server final : public transport::node_base {
     sched_->start();
     transport::out_frame reg;
     reg.h.command = wire::cmd::reg;
-    reg.meta = wire::encode_registration({role::server, opts_.rank_hint, advertise_, port()});
+    reg.meta = wire::encode_registration(
+        {role::server, opts_.rank_hint, advertise_, port(), opts_.num_workers, opts_.num_servers});
     sched_->send(std::move(reg));
     accept();
     tick();
     io_.run();
-    if (!failure_.empty()) throw error(errc::node_dead, failure_);
+    if (!failure_.empty()) throw error(failure_code_, failure_);
   }
 
   /// Stops serving (from any thread).
@@ -171,7 +185,7 @@ class server final : public transport::node_base {
   }
 
   std::span<std::byte> payload_sink(transport::connection& c, const wire::header& h) override {
-    if (h.payload_len == 0 || &c == sched_.get()) return {};
+    if (h.payload_len == 0 || &c == sched_.get() || c.peer_id < 0) return {};
     return shard_.sink(c.peer_rank, h);
   }
 
@@ -183,10 +197,14 @@ class server final : public transport::node_base {
       if (h.aux >= static_cast<std::uint64_t>(opts_.num_workers))
         throw error(errc::protocol, "hello from worker rank " + std::to_string(h.aux) +
                                         " but the job has " + std::to_string(opts_.num_workers));
-      c.peer_rank = static_cast<int>(h.aux);
-      c.peer_id = detail::worker_id(c.peer_rank);
-      c.peer_role = static_cast<int>(role::worker);
-      return;
+      if (secret_.empty()) {
+        // The worker's connection overtook this server's address book: nothing is read from it
+        // until the book (and the job secret) arrive.
+        c.pause_reading();
+        early_hellos_.push_back({c.weak_from_this(), static_cast<int>(h.aux), std::move(meta)});
+        return;
+      }
+      return hello(c, static_cast<int>(h.aux), meta);
     }
     try {
       handle(c, h, meta, payload);
@@ -196,14 +214,65 @@ class server final : public transport::node_base {
     }
   }
 
+  // A worker's hello: the proof in its meta must come from the credential of the rank it claims,
+  // for this connection and this server. A wrong or missing proof closes this connection only.
+  // One connection per rank: a later one that proves the rank replaces the earlier (a worker that
+  // reconnected), whose close then means nothing.
+  void hello(transport::connection& c, int rank, const std::string& proof) {
+    const int wid = detail::worker_id(rank);
+    if (!transport::check_hello_proof(secret_, wid, rank, c.binding(), id_, proof)) {
+      detail::log_warn(who_, "refused a connection from " + c.remote() + " claiming worker rank " +
+                                 std::to_string(rank) + ": " + (proof.empty() ? "no" : "wrong") +
+                                 " identity proof in its hello");
+      throw error(errc::auth_failed, "hello claiming worker rank " + std::to_string(rank) +
+                                         " without a valid identity proof");
+    }
+    auto& live = live_[rank];
+    if (auto old = live.lock(); old && old.get() != &c) {
+      detail::log_info(who_, "worker " + std::to_string(rank) + " reconnected from " + c.remote() +
+                                 ": its connection from " + old->remote() + " is replaced");
+      old->peer_id = -1;  // its close no longer speaks for the worker
+      old->peer_rank = -1;
+      old->close("replaced by a newer connection of worker " + std::to_string(rank));
+      shard_.connection_lost(rank);
+    }
+    live = c.weak_from_this();
+    c.peer_rank = rank;
+    c.peer_id = wid;
+    c.peer_role = static_cast<int>(role::worker);
+  }
+
   void on_scheduler(const wire::header& h, const std::string& meta) {
     switch (h.command) {
-      case wire::cmd::address_book:
+      case wire::cmd::address_book: {
+        auto book = wire::decode_address_book(meta);
+        if (book.job_secret.size() != transport::identity_size)
+          return finish("the scheduler's address book carries no job secret");
         identify(static_cast<int>(h.key), static_cast<int>(h.aux));
+        secret_ = std::move(book.job_secret);
         detail::log_info(who_, "serving on port " + std::to_string(port()));
+        // Hellos that came before the book are checked now, and their connections read on.
+        auto early = std::move(early_hellos_);
+        early_hellos_.clear();
+        for (auto& e : early) {
+          auto c = e.conn.lock();
+          if (!c || c->is_closed()) continue;
+          try {
+            hello(*c, e.rank, e.proof);
+          } catch (const error& err) {
+            c->close(err.what());
+            continue;
+          }
+          c->resume_reading();
+        }
         return;
+      }
       case wire::cmd::response:
-        if (h.status != 0) return finish("the scheduler refused this server: " + meta);
+        if (h.status != 0) {
+          if (h.status <= static_cast<std::uint32_t>(errc::device_error) && h.status != 0)
+            failure_code_ = static_cast<errc>(h.status);
+          return finish("the scheduler refused this server: " + meta);
+        }
         return;
       case wire::cmd::shutdown:
         return finish("");
@@ -275,6 +344,10 @@ class server final : public transport::node_base {
   }
 
   void closed(transport::connection& c, const std::string& reason) override {
+    if (c.peer_rank >= 0)
+      if (auto it = live_.find(c.peer_rank);
+          it != live_.end() && (it->second.expired() || it->second.lock().get() == &c))
+        live_.erase(it);
     if (&c == sched_.get()) {
       // Training needs no scheduler: serve on, and end once the workers are gone.
       if (done_) return;
@@ -321,6 +394,15 @@ class server final : public transport::node_base {
   command_handler on_command_;
   int rank_ = -1;
   std::string failure_;
+  errc failure_code_ = errc::node_dead;
+  std::string secret_;  // the job secret from the address book: checks workers' hellos
+  struct early_hello {
+    std::weak_ptr<transport::connection> conn;
+    int rank;
+    std::string proof;
+  };
+  std::vector<early_hello> early_hellos_;  // hellos that came before the address book
+  std::map<int, std::weak_ptr<transport::connection>> live_;  // each rank's verified connection
 };
 
 }  // namespace kvstore

@@ -200,6 +200,7 @@ class shard {
   /// One frame of a push: elements [h.offset, h.offset + n) of the key. h.aux is the worker's
   /// sequence number of the push (0: not numbered), flag_last marks its last frame.
   void push(int rank, const Port& from, const wire::header& h, std::span<const std::byte> payload) {
+    refuse_if_left(rank, h.key);
     slice& s = find(h);
     const std::uint64_t n = check_range(s, h, payload.size());
     if (s.duplicate(rank, h.aux)) return ack_duplicate(from, h);
@@ -223,6 +224,7 @@ class shard {
   /// A push of rows: meta lists the row ids, the payload holds one row per id.
   void push_rows(int rank, const Port& from, const wire::header& h, std::string_view meta,
                  std::span<const std::byte> payload) {
+    refuse_if_left(rank, h.key);
     slice& s = find(h);
     auto rows = check_rows(s, h, meta);
     if (s.duplicate(rank, h.aux)) return ack_duplicate(from, h);
@@ -474,8 +476,8 @@ class shard {
         h.payload_len % s.elem())
       return {};
     const std::uint64_t rel = h.offset - s.lo, n = h.payload_len / s.elem();
-    if (rel > s.size() || n > s.size() - rel || active_workers() != 1 || s.duplicate(rank, h.aux) ||
-        s.round_done.count(rank) || !s.cov.disjoint(rel, rel + n))
+    if (rel > s.size() || n > s.size() - rel || active_workers() != 1 || left_.count(rank) ||
+        s.duplicate(rank, h.aux) || s.round_done.count(rank) || !s.cov.disjoint(rel, rel + n))
       return {};
     if (s.merge.size() != s.size() * s.elem()) s.merge.resize(s.size() * s.elem());
     return {s.merge.data() + rel * s.elem(), static_cast<std::size_t>(h.payload_len)};
@@ -551,7 +553,17 @@ class shard {
         });
   }
 
+  // A worker that left the group (leave, bye) pushes no more: its push is refused, not summed.
+  void refuse_if_left(int rank, std::uint64_t key) const {
+    if (!left_.count(rank)) return;
+    const std::string msg = who_ + " refused a push of key " + key_str(key) + " from worker " +
+                            std::to_string(rank) + ": it left the sync group";
+    log_warn(who_, msg);
+    throw error(errc::invalid_argument, msg);
+  }
+
   void begin_round_push(slice& s, int rank) {
+    refuse_if_left(rank, s.key);
     if (s.round_done.count(rank))
       throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
                                       key_str(s.key) + " twice in round " +

@@ -57,17 +57,21 @@ auto parse(const char* what, F&& f) {
 
 // ---- registration: node -> scheduler --------------------------------------------------------
 // u32 role | i64 rank hint | str host (empty: the scheduler uses the peer's address) | u32 port
+// | u32 num_workers | u32 num_servers (the node's own job size: the scheduler checks it)
 
 struct registration {
   kvstore::role r = kvstore::role::worker;
   int rank_hint = -1;  ///< negative: none
   std::string host;
   std::uint16_t port = 0;
+  int num_workers = 0;
+  int num_servers = 0;
 };
 
 inline std::string encode_registration(const registration& m) {
   meta_writer w;
   w.u32(static_cast<std::uint32_t>(m.r)).i64(m.rank_hint).str(m.host).u32(m.port);
+  w.u32(static_cast<std::uint32_t>(m.num_workers)).u32(static_cast<std::uint32_t>(m.num_servers));
   return w.take();
 }
 
@@ -86,6 +90,11 @@ inline registration decode_registration(std::string_view s) {
     if (m.rank_hint == -2) detail::bad(what, "rank hint " + std::to_string(hint) + " out of range");
     m.host = detail::host_of(r, what);
     m.port = detail::port_of(r.u32(), what);
+    const auto nw = r.u32(), ns = r.u32();
+    if (nw > INT_MAX) detail::bad(what, std::to_string(nw) + " workers");
+    if (ns > INT_MAX) detail::bad(what, std::to_string(ns) + " servers");
+    m.num_workers = static_cast<int>(nw);
+    m.num_servers = static_cast<int>(ns);
     detail::expect_done(r, what);
     return m;
   });
@@ -93,6 +102,12 @@ inline registration decode_registration(std::string_view s) {
 
 // ---- address book: scheduler -> node --------------------------------------------------------
 // u32 num_workers | u32 num_servers | per server, by rank: u32 rank | u32 id | str host | u32 port
+// | str job secret | str credential: a server's book carries the job's secret, a worker's book only
+// that worker's credential (transport/identity.hpp); each is empty or identity_size bytes, and at
+// most one is set.
+
+/// Bytes of a job secret or a credential (transport::identity_size).
+inline constexpr std::size_t identity_bytes = 32;
 
 struct server_address {
   int rank = 0;
@@ -104,6 +119,8 @@ struct server_address {
 struct address_book {
   int num_workers = 0;
   std::vector<server_address> servers;  ///< servers[i].rank == i
+  std::string job_secret;               ///< to servers: checks every worker's hello
+  std::string credential;               ///< to a worker: proves its rank in its hellos
 };
 
 inline std::string encode_address_book(const address_book& b) {
@@ -115,6 +132,7 @@ inline std::string encode_address_book(const address_book& b) {
         .u32(static_cast<std::uint32_t>(s.id))
         .str(s.host)
         .u32(s.port);
+  w.str(b.job_secret).str(b.credential);
   return w.take();
 }
 
@@ -142,6 +160,14 @@ inline address_book decode_address_book(std::string_view s) {
       a.host = detail::host_of(r, what);
       a.port = detail::port_of(r.u32(), what);
     }
+    b.job_secret = r.str();
+    b.credential = r.str();
+    for (const std::string* k : {&b.job_secret, &b.credential})
+      if (!k->empty() && k->size() != identity_bytes)
+        detail::bad(what, (k == &b.job_secret ? "job secret of " : "credential of ") +
+                              std::to_string(k->size()) + " bytes");
+    if (!b.job_secret.empty() && !b.credential.empty())
+      detail::bad(what, "both a job secret and a credential");
     detail::expect_done(r, what);
     return b;
   });
