@@ -175,26 +175,18 @@ class worker_client final : public transport::frame_handler {
     {
       std::lock_guard lk(m_);
       s.conn = c;
+      // The hello waits for the handshake (on_authenticated), or fails with the connection.
+      hellos_[c.get()] = {c, s.id, std::move(then)};
     }
     c->start();
-    say_hello(c, s.id, std::move(then));
   }
 
   // The hello proves this worker's rank for this connection (transport/identity.hpp), so it is
-  // made once the handshake fixed the connection's binding: polled on the io thread (the
-  // handshake takes a round trip; its own deadline closes a connection that never finishes it).
-  // Until then no frame is queued on the connection, so the hello still goes first.
+  // made once the handshake fixed the connection's binding. No frame was queued on the
+  // connection before, so the hello goes first.
   void say_hello(std::shared_ptr<transport::connection> c, int server_id,
                  std::function<void(bool)> then) {
     if (stopping_ || c->is_closed()) return then(false);
-    if (!c->authenticated()) {
-      auto t = std::make_shared<transport::asio::steady_timer>(io_);
-      t->expires_after(std::chrono::milliseconds(1));
-      t->async_wait([this, t, c, server_id, then = std::move(then)](boost::system::error_code) {
-        say_hello(c, server_id, then);
-      });
-      return;
-    }
     transport::out_frame hello;
     hello.h.command = wire::cmd::hello;
     hello.h.priority = std::numeric_limits<std::int32_t>::max();  // ahead of any re-sent request
@@ -535,7 +527,27 @@ class worker_client final : public transport::frame_handler {
     fail_pending(peer, why);
   }
 
+  void on_authenticated(transport::connection& c) override {
+    if (auto h = take_hello(c)) say_hello(std::move(h->conn), h->server_id, std::move(h->then));
+  }
+
+  // The hello waiting for connection `c`'s handshake, if any (taken: it runs once).
+  struct waiting_hello {
+    std::shared_ptr<transport::connection> conn;
+    int server_id = -1;
+    std::function<void(bool)> then;
+  };
+  std::optional<waiting_hello> take_hello(transport::connection& c) {
+    std::lock_guard lk(m_);
+    auto it = hellos_.find(&c);
+    if (it == hellos_.end()) return std::nullopt;
+    waiting_hello h = std::move(it->second);
+    hellos_.erase(it);
+    return h;
+  }
+
   void on_close(transport::connection& c, const std::string& reason) override {
+    if (auto h = take_hello(c)) h->then(false);  // closed before its handshake finished
     if (stopping_ || leaving_) return;
     if (&c == sched_.get()) {
       {
@@ -608,6 +620,7 @@ class worker_client final : public transport::frame_handler {
   std::uint64_t next_id_ = 1;
   int rank_ = -1, id_ = -1, num_workers_ = 0;
   std::string credential_;  // from the address book: proves this worker's rank to servers
+  std::unordered_map<const transport::connection*, waiting_hello> hellos_;  // under m_
   std::string who_ = "worker";
   clock::time_point next_heartbeat_{};
   std::atomic<bool> stopping_{false};
