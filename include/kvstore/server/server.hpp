@@ -185,7 +185,10 @@ class server final : public transport::node_base {
   }
 
   std::span<std::byte> payload_sink(transport::connection& c, const wire::header& h) override {
-    if (h.payload_len == 0 || &c == sched_.get() || c.peer_id < 0) return {};
+    if (h.payload_len == 0 || &c == sched_.get()) return {};
+    // Before its hello proved a rank a peer sends no payload: refused before any byte of it is
+    // read, so a token holder's unidentified connection costs no more than its buffers.
+    if (c.peer_id < 0) throw error(errc::protocol, "a payload before the hello");
     return shard_.sink(c.peer_rank, h);
   }
 
