@@ -47,7 +47,9 @@ enum class cmd : std::uint16_t {
   leave,          ///< worker -> servers/scheduler: no more rounds from this worker
   auth,           ///< client -> acceptor: HMAC proof for the challenge's nonce (meta)
   checkpoint,     ///< worker -> server: write the shard's snapshot now
-  last_ = checkpoint,
+  version,        ///< worker -> server: answer with the key slice's version (issue 13)
+  key_options,    ///< worker -> server: a key's lr_mult / wd_mult (issue 13)
+  last_ = key_options,
 };
 
 /// Element types on the wire.
@@ -71,7 +73,13 @@ enum flag : std::uint32_t {
   flag_last = 1u << 0,      ///< last chunk of this request from this sender
   flag_has_data = 1u << 1,  ///< init: this chunk carries the value (rank 0)
   flag_rows = 1u << 2,      ///< data: the answer of a pull_rows
+  flag_range = 1u << 3,     ///< push/pull: an element range of the key (offset, length in meta)
 };
+
+/// Bits 24-27 of a push's, pull's or data frame's flags: the payload's encoding
+/// (a compression::kind; 0 = plain T).
+inline constexpr unsigned encoding_shift = 24;
+inline constexpr std::uint32_t encoding_mask = 0xFu << encoding_shift;
 
 struct header {
   cmd command = cmd::response;
