@@ -5,6 +5,7 @@
 
 #include <kvstore/client/partition.hpp>
 #include <kvstore/key.hpp>
+#include <kvstore/options.hpp>
 
 #include <atomic>
 #include <cstdint>
@@ -24,6 +25,8 @@ struct key_record {
   /// Numbers this worker's pushes of the key (1, 2, ...), so a server restored from a snapshot
   /// applies a re-sent push exactly once.
   std::atomic<std::uint64_t> pushes{0};
+  /// The key's own wire compression (init_options::compression); type none: the store's setting.
+  kvstore::compression compression{};
 
   std::uint64_t rows() const noexcept { return row_length ? total / row_length : 0; }
 };
