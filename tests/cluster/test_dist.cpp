@@ -134,6 +134,11 @@ TEST_CASE("push_rows and pull_rows touch only the named rows" * doctest::timeout
     kv.pull_rows("emb", ask, out).wait();
     const std::vector<float> want{2, 2, 2, 0, 1, 2, 3, 3, 3, 1, 1, 1};
     CHECK(out == want);
+    // A row asked for several times is sent once by its server and copied to each place.
+    std::vector<std::int64_t> again{4, 0, 4, 4, 5, 0};
+    std::vector<float> twice(again.size() * rl, -1);
+    kv.pull_rows("emb", again, twice).wait();
+    CHECK(twice == std::vector<float>{3, 3, 3, 0, 1, 2, 3, 3, 3, 3, 3, 3, 2, 2, 2, 0, 1, 2});
     std::vector<float> all(rows * rl);
     kv.pull("emb", all).wait();
     std::vector<float> full = iota(rows * rl, 0.0f);

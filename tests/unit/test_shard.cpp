@@ -78,6 +78,10 @@ struct fixture {
            [this](bool important) { changes.push_back(important); }) {
     for (int r = 0; r < workers; ++r) ports.push_back({std::make_shared<outbox>()});
   }
+  explicit fixture(kvstore::detail::shard_config c)
+      : sh(c, [this](bool important) { changes.push_back(important); }) {
+    for (int r = 0; r < c.num_workers; ++r) ports.push_back({std::make_shared<outbox>()});
+  }
   static kvstore::detail::shard_config config(int workers, bool sync, std::size_t chunk_bytes) {
     kvstore::detail::shard_config c;
     c.num_workers = workers;
@@ -625,4 +629,50 @@ TEST_CASE("bad requests throw the right error and change nothing" * doctest::tim
   CHECK(error_of([&] { r.pull_rows(6, {0}, 12); }) == errc::row_out_of_range);
   CHECK(r.pull(6, 12, 4) == std::vector<float>{0, 0, 0, 0});
   CHECK(r.sh.slices().at(6).round_done.empty());
+}
+
+TEST_CASE("limits: an init past max_keys or max_total_bytes is refused before it allocates" *
+          doctest::timeout(10)) {
+  auto c = fixture::config(1, true, 1 << 20);
+  c.max_keys = 2;
+  const std::uint64_t four_floats = 16 + kvstore::detail::key_overhead_bytes;
+  c.max_total_bytes = 2 * four_floats + 8;  // two keys of 4 floats, and 8 bytes to spare
+  fixture f(c);
+  f.init_all(1, {1, 2, 3, 4}, 0, 4, 4);
+  auto message = [&](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const kvstore::error& e) {
+      CHECK(e.code() == errc::invalid_argument);
+      return e.what();
+    }
+    FAIL("no error");
+    return {};
+  };
+  // 7 floats cost 28 + 256 bytes; 16 + 256 + 8 are left.
+  const auto too_big = message([&] { f.init(0, 2, std::vector<float>(7, 1.0f), 0, 7, 7); });
+  CHECK(too_big.find("max_total_bytes") != std::string::npos);
+  CHECK(too_big.find("key 2") != std::string::npos);
+  CHECK(f.sh.slices().count(2) == 0);
+  f.init_all(2, {5, 6, 7, 8}, 0, 4, 4);  // fits: the refusal took nothing
+  const auto too_many = message([&] { f.init(0, 3, {1}, 0, 1, 1); });
+  CHECK(too_many.find("max_keys") != std::string::npos);
+  CHECK(f.sh.slices().count(3) == 0);
+  CHECK(f.pull(1, 4) == std::vector<float>{1, 2, 3, 4});
+  CHECK(f.pull(2, 4) == std::vector<float>{5, 6, 7, 8});
+}
+
+TEST_CASE("pull_rows naming a row twice is refused: an answer is never bigger than the slice" *
+          doctest::timeout(10)) {
+  fixture r(1);
+  r.init_all(6, {1, 1, 2, 2}, 4, 8, 12, 2);  // rows 2 and 3
+  try {
+    r.pull_rows(6, {2, 3, 2}, 12);
+    FAIL("no error");
+  } catch (const kvstore::error& e) {
+    CHECK(e.code() == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("row 2") != std::string::npos);
+  }
+  CHECK(r.got(0).empty());  // nothing was answered
+  CHECK(r.pull_rows(6, {3, 2}, 12) == std::vector<float>{2, 2, 1, 1});
 }

@@ -8,6 +8,7 @@
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/key_record.hpp>
+#include <kvstore/client/row_fanout.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/optim/state_file.hpp>
@@ -150,33 +151,33 @@ class requests {
   void pull_rows(const key_record& m, std::span<const std::int64_t> rows, std::span<T> out,
                  int priority, done_fn done) {
     const std::uint64_t rl = m.row_length;
-    std::vector<std::pair<const slice_ref*, std::shared_ptr<std::vector<std::size_t>>>> asks;
+    std::vector<std::pair<const slice_ref*, std::shared_ptr<const row_fanout>>> asks;
     for (auto& s : m.slices) {
-      auto pos = std::make_shared<std::vector<std::size_t>>();
-      for (std::size_t i = 0; i < rows.size(); ++i)
-        if (owns_row(s, rl, rows[i])) pos->push_back(i);
-      if (!pos->empty()) asks.emplace_back(&s, pos);
+      auto f = std::make_shared<row_fanout>(
+          row_fanout::of(rows, [&](std::int64_t r) { return owns_row(s, rl, r); }));
+      if (!f->ids.empty()) asks.emplace_back(&s, std::move(f));
     }
     if (asks.empty()) return done(nullptr);
     auto all = fan_in(asks.size(), std::move(done));
     for (auto& ask : asks) {
       // Named, not structured bindings: clang 14 cannot capture those in a lambda.
       const slice_ref* s = ask.first;
-      const auto& pos = ask.second;
-      std::vector<std::int64_t> ids;
-      for (auto p : *pos) ids.push_back(rows[p]);
+      const auto& fan = ask.second;
       transport::out_frame f;
       f.h = wire::pull_rows_header(fields(m), priority);
-      f.meta = wire::encode_rows(ids.data(), ids.size());
+      f.meta = wire::encode_rows(fan->ids.data(), fan->ids.size());
       worker_client::request r = part_of(all, {call_kind::pull_rows, &m.k});
-      r.on_data = [pos, out, rl](const wire::header& h, std::span<const std::byte> payload) {
+      r.on_data = [fan, out, rl](const wire::header& h, std::span<const std::byte> payload) {
         const std::size_t n = payload.size() / (rl * sizeof(T));
-        if (h.offset > pos->size() || n > pos->size() - h.offset ||
+        if (h.offset > fan->ids.size() || n > fan->ids.size() - h.offset ||
             payload.size() != n * rl * sizeof(T))
           throw error(errc::protocol, "pull_rows answer does not match the request");
         const T* src = reinterpret_cast<const T*>(payload.data());
-        for (std::size_t j = 0; j < n; ++j)
-          std::memcpy(out.data() + (*pos)[h.offset + j] * rl, src + j * rl, rl * sizeof(T));
+        for (std::size_t j = 0; j < n; ++j) {
+          const std::size_t d = h.offset + j;
+          for (std::size_t p = fan->first[d]; p < fan->first[d + 1]; ++p)
+            std::memcpy(out.data() + fan->positions[p] * rl, src + j * rl, rl * sizeof(T));
+        }
       };
       client_.send(s->server, worker_client::single(std::move(f)), std::move(r));
     }

@@ -5,6 +5,7 @@
 // Everything runs on one io thread, so the shard needs no locks.
 #pragma once
 
+#include <unistd.h>
 #include <kvstore/detail/log.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/options.hpp>
@@ -145,7 +146,15 @@ class server final : public transport::node_base {
     c.chunk_bytes = o.chunk_bytes;
     c.max_frame_bytes = o.max_frame_bytes;
     c.max_key_bytes = o.max_key_bytes;
+    c.max_total_bytes = o.max_total_bytes ? o.max_total_bytes : half_of_physical_memory();
+    c.max_keys = o.max_keys;
     return c;
+  }
+  // max_total_bytes' default: a server never takes more than half the machine on its peers' word.
+  static std::uint64_t half_of_physical_memory() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return std::uint64_t{8} << 30;
+    return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2;
   }
   static wire::limits sched_limits() {
     wire::limits l;

@@ -44,7 +44,14 @@ struct shard_config {
   std::size_t chunk_bytes = std::size_t{1} << 20;        ///< a pull is answered in frames of this
   std::size_t max_frame_bytes = std::size_t{1} << 30;    ///< an init frame carries at most this
   std::uint64_t max_key_bytes = std::uint64_t{8} << 30;  ///< bytes of one key slice at most
+  /// Bytes of all slices together (each also counts key_overhead_bytes); 0: no bound.
+  std::uint64_t max_total_bytes = 0;
+  std::uint64_t max_keys = std::uint64_t{1} << 24;  ///< slices this shard holds at most
 };
+
+/// What one key costs a server beyond its value (its slice record, map node, round state), as
+/// max_total_bytes counts it.
+inline constexpr std::uint64_t key_overhead_bytes = 256;
 
 template <class Port>
 class shard {
@@ -159,6 +166,7 @@ class shard {
                                              std::to_string(s.total) + " (row length " +
                                              std::to_string(s.row_length) + ")");
     } else {
+      admit_new_slice(h.key, (hi - lo) * wire::dtype_size(h.type));
       it = slices_.try_emplace(h.key).first;
       slice& s = it->second;
       s.key = h.key;
@@ -281,6 +289,10 @@ class shard {
   void pull_rows(const Port& from, const wire::header& h, std::string_view meta) {
     slice& s = find(h);
     auto rows = check_rows(s, h, meta);
+    // Each row at most once (workers ask for distinct rows and copy repeats themselves), so an
+    // answer is never bigger than the slice: naming one row 50,000 times would make the server
+    // copy it 50,000 times.
+    refuse_repeated_rows(h.key, rows);
     const std::uint64_t rl = s.row_length, row_bytes = rl * s.elem();
     const std::size_t per =
         std::max<std::size_t>(1, cfg_.chunk_bytes / std::max<std::uint64_t>(row_bytes, 1));
@@ -445,6 +457,9 @@ class shard {
       d = optim::create_updater<double>(opt_name, opt_params);
     }
     slices_ = std::move(slices);
+    held_bytes_ = 0;
+    for (const auto& entry : slices_)
+      held_bytes_ += entry.second.size() * entry.second.elem() + key_overhead_bytes;
     upd_f_ = std::move(f);
     upd_d_ = std::move(d);
     opt_name_ = opt_name;
@@ -457,6 +472,24 @@ class shard {
   }
 
  private:
+  // A new slice of `bytes` must fit the key count and byte bounds, so a peer's inits cannot grow
+  // the server without bound; refused before anything is allocated.
+  void admit_new_slice(std::uint64_t key, std::uint64_t bytes) {
+    if (slices_.size() >= cfg_.max_keys)
+      throw error(errc::invalid_argument, "key " + key_str(key) + ": this server already holds " +
+                                              std::to_string(slices_.size()) +
+                                              " keys, its max_keys (KVSTORE_MAX_KEYS)");
+    const std::uint64_t cost = bytes + key_overhead_bytes;
+    if (cfg_.max_total_bytes &&
+        (cost > cfg_.max_total_bytes || held_bytes_ > cfg_.max_total_bytes - cost))
+      throw error(errc::invalid_argument,
+                  "key " + key_str(key) + ": " + std::to_string(bytes) +
+                      " more bytes would take this server past its max_total_bytes (" +
+                      std::to_string(cfg_.max_total_bytes) + ", KVSTORE_MAX_TOTAL_BYTES; " +
+                      std::to_string(held_bytes_) + " held)");
+    held_bytes_ += cost;
+  }
+
   void changed(bool important = false) {
     if (on_change_) on_change_(important);
   }
@@ -523,6 +556,15 @@ class shard {
                                                 std::to_string(rlo) + ", " + std::to_string(rhi) +
                                                 ")");
     return rows;
+  }
+
+  static void refuse_repeated_rows(std::uint64_t key, std::span<const std::int64_t> rows) {
+    std::vector<std::int64_t> sorted(rows.begin(), rows.end());
+    std::sort(sorted.begin(), sorted.end());
+    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+    if (twice != sorted.end())
+      throw error(errc::invalid_argument, "key " + key_str(key) + ": pull_rows names row " +
+                                              std::to_string(*twice) + " more than once");
   }
 
   static wire::header data_header(const slice& s, const wire::header& asked) {
@@ -671,6 +713,7 @@ class shard {
   }
 
   shard_config cfg_;
+  std::uint64_t held_bytes_ = 0;  // slices' bytes plus key_overhead_bytes each (max_total_bytes)
   change_hook on_change_;
   std::string who_ = "server";
   slice_map slices_;
