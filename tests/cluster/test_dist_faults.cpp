@@ -6,6 +6,7 @@
 #include "support/cluster.hpp"
 #include "support/helpers.hpp"
 #include "support/process.hpp"
+#include "support/wire_peer.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -52,117 +53,8 @@ std::int64_t key_on(int server, int servers, std::uint64_t total, std::size_t sl
   }
 }
 
-// ---- a raw TCP client, for speaking (or garbling) the wire protocol by hand
-// ----------------------
-struct raw_client {
-  int fd = -1;
-  explicit raw_client(std::uint16_t port) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    CHECK(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    CHECK(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  }
-  ~raw_client() {
-    if (fd >= 0) ::close(fd);
-  }
-  bool send_bytes(const void* p, std::size_t n) {
-    const char* c = static_cast<const char*>(p);
-    while (n) {
-      ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
-      if (w <= 0) return false;
-      c += w;
-      n -= static_cast<std::size_t>(w);
-    }
-    return true;
-  }
-  bool send_frame(kvstore::wire::header h, const std::string& meta = {},
-                  const std::string& payload = {}) {
-    h.meta_len = static_cast<std::uint32_t>(meta.size());
-    h.payload_len = payload.size();
-    auto b = kvstore::wire::encode(h);
-    return send_bytes(b.data(), b.size()) && send_bytes(meta.data(), meta.size()) &&
-           send_bytes(payload.data(), payload.size());
-  }
-  // Answers the acceptor's challenge as a worker with the proof of `token` (empty: the job has
-  // no token), bound to this socket's address, and checks the acceptor's proof.
-  bool handshake(const std::string& token = {}) {
-    namespace tr = kvstore::transport;
-    kvstore::wire::header h;
-    std::string meta;
-    if (!read_frame(h, meta) || h.command != kvstore::wire::cmd::challenge) return false;
-    const auto c = tr::decode_challenge(meta);
-    if (!c) return false;
-    sockaddr_in self{};
-    socklen_t len = sizeof self;
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &len);
-    const std::string addr = "127.0.0.1:" + std::to_string(ntohs(self.sin_port));
-    const auto a = tr::answer_challenge(token, *c, kvstore::role::worker, true, addr);
-    kvstore::wire::header ah;
-    ah.command = kvstore::wire::cmd::auth;
-    if (!send_frame(ah, tr::encode_auth(a))) return false;
-    std::string proof;
-    if (!read_frame(h, proof) || h.command != kvstore::wire::cmd::auth ||
-        !tr::same_proof(tr::acceptor_proof(token, tr::transcript(*c, a, addr)), proof))
-      return false;
-    binding = c->nonce + a.nonce;  // what connection::binding() holds on both ends
-    return true;
-  }
-  // The connection's binding after handshake() (transport::connection::binding(): both nonces).
-  std::string binding;
-  // Reads exactly n bytes; false on EOF, error or deadline.
-  bool read_exact(void* p, std::size_t n, std::chrono::milliseconds timeout) {
-    char* c = static_cast<char*>(p);
-    const auto until = clk::now() + timeout;
-    while (n) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
-      if (left <= 0) return false;
-      pollfd pf{fd, POLLIN, 0};
-      if (::poll(&pf, 1, static_cast<int>(left)) <= 0) return false;
-      ssize_t r = ::recv(fd, c, n, 0);
-      if (r <= 0) return false;
-      c += r;
-      n -= static_cast<std::size_t>(r);
-    }
-    return true;
-  }
-  // Reads one frame (header, meta; payload skipped).
-  bool read_frame(kvstore::wire::header& h, std::string& meta) {
-    kvstore::wire::header_bytes b;
-    if (!read_exact(b.data(), b.size(), std::chrono::seconds(10))) return false;
-    std::string why;
-    kvstore::wire::limits lim;
-    if (!kvstore::wire::decode(b.data(), h, lim, why)) return false;
-    meta.resize(h.meta_len);
-    if (!read_exact(meta.data(), meta.size(), std::chrono::seconds(10))) return false;
-    std::string payload(h.payload_len, '\0');
-    return read_exact(payload.data(), payload.size(), std::chrono::seconds(10));
-  }
-  // True once the peer has closed the connection (EOF or reset) within the timeout; bytes sent
-  // before the close are skipped.
-  bool closed_by_peer(std::chrono::milliseconds timeout) {
-    const auto until = clk::now() + timeout;
-    char buf[4096];
-    for (;;) {
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(until - clk::now()).count();
-      if (left <= 0) return false;
-      pollfd pf{fd, POLLIN, 0};
-      if (::poll(&pf, 1, static_cast<int>(left)) <= 0) return false;
-      ssize_t r = ::recv(fd, buf, sizeof buf, 0);
-      if (r <= 0) return true;
-    }
-  }
-};
-
-kvstore::wire::header hdr(kvstore::wire::cmd c) {
-  kvstore::wire::header h;
-  h.command = c;
-  return h;
-}
+using raw_client = kvtest::wire_peer;
+using kvtest::hdr;
 
 }  // namespace
 
@@ -582,3 +474,4 @@ TEST_CASE("a worker process killed mid-round: the others' sync push and barrier 
   CHECK(kv.num_dead_node(4, 60) == 1);
   CHECK(kv.num_dead_node(2, 60) == 0);
 }
+

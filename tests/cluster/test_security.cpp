@@ -10,7 +10,10 @@
 
 #include <boost/asio.hpp>
 
+#include <array>
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -185,4 +188,120 @@ TEST_CASE("hostile clients are dropped, workers go on" * doctest::timeout(90)) {
     CHECK(closed == 200);
   }
   exercise(c, 5);
+}
+
+namespace {
+
+// A man in the middle without the token: accepts one connection on its own port and copies bytes
+// both ways between it and `target` (a squatted port, a wrong address in a worker's config).
+struct relay {
+  asio::io_context io;
+  tcp::acceptor acc{io, {asio::ip::make_address("127.0.0.1"), 0}};
+  std::thread t;
+  explicit relay(std::uint16_t target) {
+    t = std::thread([this, target] {
+      boost::system::error_code ec;
+      tcp::socket a{io}, b{io};
+      acc.accept(a, ec);
+      if (ec) return;
+      b.connect({asio::ip::make_address("127.0.0.1"), target}, ec);
+      if (ec) return;
+      pipe(a, b);
+      pipe(b, a);
+      io.run_for(8s);
+    });
+  }
+  ~relay() {
+    io.stop();
+    t.join();
+  }
+  std::uint16_t port() const { return acc.local_endpoint().port(); }
+  // Copies what `from` reads to `to` until either side closes.
+  static void pipe(tcp::socket& from, tcp::socket& to) {
+    auto buf = std::make_shared<std::array<char, 4096>>();
+    from.async_read_some(asio::buffer(*buf), [&from, &to, buf](auto ec, std::size_t n) {
+      if (ec) return to.close();
+      boost::system::error_code wec;
+      asio::write(to, asio::buffer(*buf, n), wec);
+      if (wec) return from.close();
+      pipe(from, to);
+    });
+  }
+};
+
+// A fake scheduler without the token: it challenges the worker like the real one, takes its
+// answer and answers with a proof it had to make up.
+struct fake_scheduler {
+  asio::io_context io;
+  tcp::acceptor acc{io, {asio::ip::make_address("127.0.0.1"), 0}};
+  std::thread t;
+  std::atomic<bool> got_answer{false};
+  fake_scheduler() {
+    t = std::thread([this] {
+      namespace tr = kvstore::transport;
+      boost::system::error_code ec;
+      tcp::socket s{io};
+      acc.accept(s, ec);
+      if (ec) return;
+      auto send = [&](kvstore::wire::cmd c, const std::string& meta) {
+        kvstore::wire::header h;
+        h.command = c;
+        h.meta_len = static_cast<std::uint32_t>(meta.size());
+        auto b = kvstore::wire::encode(h);
+        asio::write(s, asio::buffer(b.data(), b.size()), ec);
+        asio::write(s, asio::buffer(meta), ec);
+      };
+      send(kvstore::wire::cmd::challenge,
+           tr::encode_challenge({tr::make_nonce(), kvstore::role::scheduler}));
+      kvstore::wire::header_bytes hb;
+      asio::read(s, asio::buffer(hb.data(), hb.size()), ec);
+      if (ec) return;
+      got_answer = true;
+      send(kvstore::wire::cmd::auth, std::string(32, 'x'));
+      // Holds the connection open: the worker must leave on its own.
+      char c;
+      s.read_some(asio::buffer(&c, 1), ec);
+    });
+  }
+  ~fake_scheduler() {
+    io.stop();
+    acc.close();
+    t.join();
+  }
+  std::uint16_t port() const { return acc.local_endpoint().port(); }
+};
+
+}  // namespace
+
+TEST_CASE("a worker relayed to the real scheduler by a peer without the token is refused" *
+          doctest::timeout(60)) {
+  kvtest::cluster c(secured(1, 1, "s3cret"));
+  relay r(c.options().scheduler_port);
+  auto o = c.options();
+  o.scheduler_port = r.port();
+  o.connect_timeout = 4'000ms;
+  try {
+    kvstore::KVStore<kvstore::dist> kv(o);
+    FAIL("a relayed worker joined");
+  } catch (const kvstore::error& e) {
+    INFO(std::string(e.what()));
+    // The scheduler sees the relay's address, not the one the worker's proof covers.
+    CHECK(std::string(e.what()).find("refused this node's token") != std::string::npos);
+  }
+  exercise(c, 4);  // the real job is untouched
+}
+
+TEST_CASE("a fake scheduler without the token cannot take a worker in" * doctest::timeout(60)) {
+  fake_scheduler fake;
+  auto o = secured(1, 1, "s3cret");
+  o.scheduler_port = fake.port();
+  o.connect_timeout = 3'000ms;
+  try {
+    kvstore::KVStore<kvstore::dist> kv(o);
+    FAIL("a worker accepted a fake scheduler");
+  } catch (const kvstore::error& e) {
+    INFO(std::string(e.what()));
+    CHECK(fake.got_answer.load());
+    CHECK(std::string(e.what()).find("scheduler") != std::string::npos);
+  }
 }
