@@ -9,9 +9,11 @@
 #include "support/wire_peer.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -38,6 +40,7 @@ using kvstore::KVStore;
 using kvtest::expect_error;
 using kvtest::filled;
 using clk = std::chrono::steady_clock;
+using namespace std::chrono_literals;
 
 double seconds_since(clk::time_point t) {
   return std::chrono::duration<double>(clk::now() - t).count();
@@ -475,3 +478,47 @@ TEST_CASE("a worker process killed mid-round: the others' sync push and barrier 
   CHECK(kv.num_dead_node(2, 60) == 0);
 }
 
+TEST_CASE("a scheduler whose accept fails with EMFILE keeps accepting once descriptors are back" *
+          doctest::timeout(60)) {
+  kvtest::cluster c(kvtest::test_options(1, 1));
+  std::this_thread::sleep_for(300ms);  // the server registers before the descriptors run out
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  // Every descriptor of this process taken but one, which the connecting socket takes: the
+  // scheduler's accept of it then has none left (EMFILE).
+  rlimit low = saved;
+  low.rlim_cur = 512;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::vector<int> filler;
+  for (int i = 0; i < 1024; ++i) {
+    const int fd = ::open("/dev/null", O_RDONLY);
+    if (fd < 0) break;
+    filler.push_back(fd);
+  }
+  const bool exhausted = ::open("/dev/null", O_RDONLY) < 0 && errno == EMFILE;
+  REQUIRE(!filler.empty());
+  ::close(filler.back());
+  filler.pop_back();
+  const int probe = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(c.options().scheduler_port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const bool connected =
+      probe >= 0 && ::connect(probe, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  const bool met_emfile = kvtest::wait_until([&] { return c.scheduler().accept_errors() > 0; }, 5s);
+  for (int fd : filler) ::close(fd);
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  CHECK(exhausted);
+  CHECK(connected);
+  CHECK(met_emfile);
+  // The accept loop retries: the job gathers and serves exactly.
+  c.run_workers([](KVStore<dist>& kv) {
+    kv.init(4, filled(16, 1.0f));
+    kv.push(4, filled(16, 2.0f)).wait();
+    std::vector<float> out(16);
+    kv.pull(4, out).wait();
+    CHECK(out == filled(16, 2.0f));
+  });
+  if (probe >= 0) ::close(probe);
+}

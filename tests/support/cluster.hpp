@@ -58,6 +58,7 @@ class cluster {
 
   const kvstore::dist_options& options() const { return opts_; }
   kvstore::server& server(int i) { return *servers_[static_cast<std::size_t>(i)]; }
+  kvstore::scheduler& scheduler() { return *sched_; }
 
   /// Runs f(kv) on num_workers threads, each with its own KVStore<dist, T> (rank = thread
   /// index); rethrows the first exception after all joined.

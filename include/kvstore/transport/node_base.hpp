@@ -6,8 +6,8 @@
 // Connections that have not proven the token yet live here, in a small pool of their own
 // (max_pending_connections, a tiny read buffer, the handshake deadline); a full pool evicts its
 // oldest. Only a proven connection is handed to the node (accepted()) and counts against
-// max_connections, which stays below the process's descriptor limit (raised to its hard limit
-// at start). So a flood of unauthenticated sockets never keeps a real peer out.
+// max_connections. Both pools fit in the process's descriptor limit (raised to its hard limit at
+// start), so a flood of unauthenticated sockets never keeps a real peer out.
 #pragma once
 
 #include <kvstore/detail/log.hpp>
@@ -19,6 +19,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <list>
@@ -50,6 +51,12 @@ class node_base : public frame_handler {
 
   std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
 
+  /// The caps in force: the configured ones, lowered to fit the descriptor limit.
+  std::size_t max_connections() const noexcept { return rules_.max_connections; }
+  std::size_t max_pending_connections() const noexcept { return rules_.max_pending_connections; }
+  /// Accept errors survived so far (EMFILE and the like); any thread may ask.
+  std::uint64_t accept_errors() const noexcept { return accept_errors_.load(); }
+
  protected:
   /// Binds host:port at once; `what` names the node in the error ("server cannot listen on
   /// 1.2.3.4"). Throws kvstore::error(unreachable) when it cannot; a bad TLS file is an error
@@ -61,7 +68,7 @@ class node_base : public frame_handler {
         who_(std::move(who)),
         rules_(std::move(rules)),
         accept_retry_(io_) {
-    rules_.max_connections = connection_cap(rules_.max_connections, rules_.max_pending_connections);
+    fit_to_descriptors(rules_, who_);
     try {
       tcp::endpoint ep(asio::ip::make_address(host), port);
       acceptor_.open(ep.protocol());
@@ -83,22 +90,38 @@ class node_base : public frame_handler {
   /// Closes every connection this node holds (finish()).
   virtual void close_all() = 0;
 
-  /// The most proven connections at once: the configured number, but never so many that the
-  /// descriptors run out first (the soft RLIMIT_NOFILE is raised to the hard one for that).
-  static std::size_t connection_cap(std::size_t configured, std::size_t pending) {
+  /// Descriptors a node keeps for itself beyond its connections: the listening socket, the
+  /// scheduler's connection, files (snapshots, logs) and the runtime's own (epoll, timers).
+  static constexpr std::size_t reserved_descriptors = 32;
+
+  /// Lowers the connection caps so both pools fit in the descriptor limit (the soft
+  /// RLIMIT_NOFILE is raised to the hard one first): the pending pool takes at most a quarter of
+  /// what is left after the reserve, proven connections the rest. Then a flood of unproven
+  /// sockets is evicted from its own pool before the descriptors run out, and a proven peer
+  /// always finds a descriptor. Logged when a cap was lowered.
+  static void fit_to_descriptors(accept_rules& r, const std::string& who) {
     rlimit rl{};
-    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return configured;
+    if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
     if (rl.rlim_cur < rl.rlim_max) {
       rlimit up = rl;
       up.rlim_cur = rl.rlim_max;
       if (::setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
     }
-    if (rl.rlim_cur == RLIM_INFINITY) return configured;
-    // Room for the pending pool, the listening socket, the scheduler's connection, files
-    // (snapshots, logs) and the runtime's own descriptors.
-    const std::size_t reserve = pending + 32;
-    const std::size_t fds = static_cast<std::size_t>(rl.rlim_cur);
-    return std::max<std::size_t>(1, std::min(configured, fds > reserve ? fds - reserve : 1));
+    if (rl.rlim_cur == RLIM_INFINITY) return;
+    const auto fds = static_cast<std::size_t>(rl.rlim_cur);
+    const std::size_t room = fds > reserved_descriptors + 2 ? fds - reserved_descriptors : 2;
+    const std::size_t pending =
+        std::min(r.max_pending_connections, std::max<std::size_t>(1, room / 4));
+    const std::size_t proven =
+        std::min(r.max_connections, std::max<std::size_t>(1, room - pending));
+    if (pending < r.max_pending_connections || proven < r.max_connections)
+      detail::log_warn(
+          who, "descriptor limit " + std::to_string(fds) + ": at most " + std::to_string(proven) +
+                   " connections and " + std::to_string(pending) +
+                   " unauthenticated ones (max_connections " + std::to_string(r.max_connections) +
+                   ", max_pending_connections " + std::to_string(r.max_pending_connections) + ")");
+    r.max_pending_connections = pending;
+    r.max_connections = proven;
   }
 
   void accept() {
@@ -182,9 +205,8 @@ class node_base : public frame_handler {
     closed(c, reason);
   }
 
-  /// Unproven connections now (the pending pool), and accept errors survived so far.
+  /// Unproven connections now (the pending pool).
   std::size_t unproven_connections() const noexcept { return unproven_.size(); }
-  std::uint64_t accept_errors() const noexcept { return accept_errors_; }
 
   /// Answers request `req` of `c` (aux: the answer's number, if any).
   void reply(connection& c, std::uint64_t req, errc status, std::string msg,
@@ -233,7 +255,7 @@ class node_base : public frame_handler {
   std::list<conn_ptr> evicted_;   // closed to make room, until their close has run
   std::chrono::steady_clock::time_point last_eviction_log_{};
   bool accept_trouble_ = false;
-  std::uint64_t accept_errors_ = 0;
+  std::atomic<std::uint64_t> accept_errors_{0};
 };
 
 }  // namespace kvstore::transport
