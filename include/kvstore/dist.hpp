@@ -87,11 +87,17 @@ class KVStore<dist, T> {
   // ---- init ----------------------------------------------------------------------------------
   /// Stores rank 0's value (every worker calls init; each returns once the value is stored).
   /// Throws: init twice, a size that differs between workers, unreachable servers.
-  void init(key k, std::span<const T> value) { init_one(std::move(k), value, 0); }
+  void init(key k, std::span<const T> value) { init_one(std::move(k), value, {}); }
   /// A matrix of value.size() / row_length rows (for push_rows / pull_rows).
   void init(key k, std::span<const T> value, std::size_t row_length) {
     detail::check_matrix_init(k, value.size(), row_length);
-    init_one(std::move(k), value, row_length);
+    init_one(std::move(k), value, {.row_length = row_length});
+  }
+  /// With init_options: a matrix (row_length), the key's placement (partition::even: chunk i of
+  /// BigDL's rule on server i, whatever the size) and its own wire compression.
+  void init(key k, std::span<const T> value, const init_options& o) {
+    if (o.row_length) detail::check_matrix_init(k, value.size(), o.row_length);
+    init_one(std::move(k), value, o);
   }
   /// Every key is checked before any is sent (a misuse inits none of them); then all inits go
   /// out together and are answered together: one round trip for the lot, not one per key. A key
@@ -110,7 +116,7 @@ class KVStore<dist, T> {
     }
     std::vector<std::pair<record*, std::shared_ptr<detail::op_state>>> sent;
     sent.reserve(ks.size());
-    for (std::size_t i = 0; i < ks.size(); ++i) sent.emplace_back(send_init(ks[i], values[i], 0));
+    for (std::size_t i = 0; i < ks.size(); ++i) sent.emplace_back(send_init(ks[i], values[i], {}));
     std::exception_ptr first;
     for (auto& [m, st] : sent) {
       try {
@@ -360,8 +366,8 @@ class KVStore<dist, T> {
     detail::check_rows(detail::call_name(call), m.k, m.total, m.row_length, rows, n);
   }
 
-  void init_one(key k, std::span<const T> value, std::uint64_t row_length) {
-    auto [m, st] = send_init(k, value, row_length);
+  void init_one(key k, std::span<const T> value, const init_options& o) {
+    auto [m, st] = send_init(k, value, o);
     try {
       op(st).wait();
     } catch (...) {
@@ -373,12 +379,16 @@ class KVStore<dist, T> {
   // Adds the key's record and sends its init; the returned state completes with the answers.
   std::pair<record*, std::shared_ptr<detail::op_state>> send_init(const key& k,
                                                                   std::span<const T> value,
-                                                                  std::uint64_t row_length) {
+                                                                  const init_options& o) {
     if (value.empty()) fail(errc::invalid_argument, call_kind::init, k, "an empty value");
-    auto slices = detail::partition(k.id(), value.size(), row_length, sizeof(T), num_servers(),
-                                    impl_->opts.slice_bytes);
-    auto [m, added] =
-        impl_->keys.add(std::make_unique<record>(k, value.size(), row_length, std::move(slices)));
+    if (o.partition != partition::hashed && o.partition != partition::even)
+      fail(errc::invalid_argument, call_kind::init, k, "an unknown partition");
+    auto slices = o.partition == partition::even
+                      ? detail::partition_even(value.size(), o.row_length, num_servers())
+                      : detail::partition(k.id(), value.size(), o.row_length, sizeof(T),
+                                          num_servers(), impl_->opts.slice_bytes);
+    auto [m, added] = impl_->keys.add(std::make_unique<record>(
+        k, value.size(), o.row_length, std::move(slices), o.partition, o.compression));
     if (!added) {
       detail::check_same_name("init", m->k, k);
       fail(errc::already_inited, call_kind::init, k, "inited twice");

@@ -149,6 +149,13 @@ class KVStore<local, T> {
     init_entries({{std::move(k), value, row_length}});
   }
 
+  /// With init_options: row_length as above; partition and compression place and encode a key
+  /// across servers, so one process ignores them (values do not travel).
+  void init(key k, std::span<const T> value, const init_options& o) {
+    if (o.row_length) return init(std::move(k), value, o.row_length);
+    init(std::move(k), value);
+  }
+
   /// Inits several keys at once: all of them, or (on any error) none. Returns once stored.
   /// Throws as init, and invalid_argument when ks and values differ in length.
   void init(std::span<const key> ks, std::span<const std::span<const T>> values) {

@@ -409,3 +409,26 @@ TEST_CASE(
     CHECK(order.front() == 0);
   });
 }
+
+TEST_CASE("init with init_options: partition::even puts BigDL's chunk i on server i" *
+          doctest::timeout(60)) {
+  kvtest::cluster c(kvtest::test_options(2, 3));
+  c.run_workers([](KVStore<dist>& kv) {
+    std::vector<float> v(10);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+    kv.init(7, v, kvstore::init_options{.partition = kvstore::partition::even});
+    // A matrix through the same overload, hashed.
+    kv.init(8, filled(6, 1.0f), kvstore::init_options{.row_length = 3});
+    kv.push(7, filled(10, 1.0f)).wait();
+    std::vector<float> out(10);
+    kv.pull(7, out).wait();
+    CHECK(out == filled(10, 2.0f));  // dist_sync, no optimizer: the sum of 2 workers
+    const std::vector<std::int64_t> row{1};
+    std::vector<float> r(3);
+    kv.pull_rows(8, row, r).wait();
+    CHECK(r == filled(3, 1.0f));
+    // A matrix whose size is not whole rows is refused, with the key named.
+    expect_error([&] { kv.init(9, filled(5, 1.0f), kvstore::init_options{.row_length = 2}); },
+                 errc::size_mismatch, {"9", "row length 2"});
+  });
+}

@@ -130,3 +130,42 @@ TEST_CASE("the layout depends only on its inputs: every worker computes the same
   CHECK(kvstore::detail::mix64(1) == kvstore::detail::mix64(1));
   CHECK(kvstore::detail::mix64(1) != kvstore::detail::mix64(2));
 }
+
+TEST_CASE("partition::even: BigDL's chunks, chunk i on server i whatever the size") {
+  using kvstore::detail::even_chunk;
+  using kvstore::detail::partition_even;
+  // 10 over 3: (0, 4), (4, 3), (7, 3); 2 over 4: (0, 1), (1, 1), (2, 0), (2, 0).
+  const std::uint64_t want10[3][2] = {{0, 4}, {4, 3}, {7, 3}};
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    CHECK(even_chunk(i, 3, 10).start == want10[i][0]);
+    CHECK(even_chunk(i, 3, 10).length == want10[i][1]);
+  }
+  const std::uint64_t want2[4][2] = {{0, 1}, {1, 1}, {2, 0}, {2, 0}};
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    CHECK(even_chunk(i, 4, 2).start == want2[i][0]);
+    CHECK(even_chunk(i, 4, 2).length == want2[i][1]);
+  }
+  auto s = partition_even(10, 0, 3);
+  REQUIRE(s.size() == 3);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(s[static_cast<std::size_t>(i)].server == i);
+    CHECK(s[static_cast<std::size_t>(i)].lo == want10[i][0]);
+    CHECK(s[static_cast<std::size_t>(i)].hi == want10[i][0] + want10[i][1]);
+  }
+  check_layout(s, 10, 1, 3);
+  // Empty chunks get no slice: 2 elements over 4 servers live on servers 0 and 1.
+  auto t = partition_even(2, 0, 4);
+  REQUIRE(t.size() == 2);
+  CHECK(t[0].server == 0);
+  CHECK(t[1].server == 1);
+  check_layout(t, 2, 1, 4);
+  // A matrix is cut by whole rows: 5 rows of 3 over 2 servers are rows [0, 3) and [3, 5).
+  auto m = partition_even(15, 3, 2);
+  REQUIRE(m.size() == 2);
+  CHECK(m[0].hi == 9);
+  CHECK(m[1].lo == 9);
+  check_layout(m, 15, 3, 2);
+  // However small, a key is spread: 1 element over 1 server, 7 over 7 servers one each.
+  CHECK(partition_even(1, 0, 1).size() == 1);
+  CHECK(partition_even(7, 0, 7).size() == 7);
+}

@@ -15,8 +15,14 @@
 namespace kvstore::detail {
 
 struct key_record {
-  key_record(kvstore::key id, std::uint64_t n, std::uint64_t row_len, std::vector<slice_ref> sl)
-      : k(std::move(id)), total(n), row_length(row_len), slices(std::move(sl)) {}
+  key_record(kvstore::key id, std::uint64_t n, std::uint64_t row_len, std::vector<slice_ref> sl,
+             kvstore::partition part = kvstore::partition::hashed, kvstore::compression comp = {})
+      : k(std::move(id)),
+        total(n),
+        row_length(row_len),
+        slices(std::move(sl)),
+        placement(part),
+        compression(comp) {}
 
   const kvstore::key k;
   const std::uint64_t total;
@@ -25,6 +31,8 @@ struct key_record {
   /// Numbers this worker's pushes of the key (1, 2, ...), so a server restored from a snapshot
   /// applies a re-sent push exactly once.
   std::atomic<std::uint64_t> pushes{0};
+  /// How the slices were laid out (init_options::partition).
+  const kvstore::partition placement;
   /// The key's own wire compression (init_options::compression); type none: the store's setting.
   kvstore::compression compression{};
 
