@@ -47,8 +47,8 @@ class held_pulls {
   };
 
   /// Holds `p`. Throws invalid_argument, holding nothing, when its worker is at a limit; `who`
-  /// names the server in the message.
-  void hold(pull p, const limits& lim, const std::string& who) {
+  /// names the server and `what` the pull in the message.
+  void hold(pull p, const limits& lim, const std::string& who, const std::string& what) {
     auto& use = use_[p.rank];
     if (use.pulls >= lim.max_pulls || p.bytes() > lim.max_bytes ||
         use.bytes > lim.max_bytes - p.bytes())
@@ -58,7 +58,7 @@ class held_pulls {
               std::to_string(use.bytes) + " bytes) of worker " + std::to_string(p.rank) +
               " waiting for a version or slower workers, its limit (KVSTORE_MAX_HELD_PULLS " +
               std::to_string(lim.max_pulls) + ", " + std::to_string(lim.max_bytes) +
-              " bytes): refused a pull of key id " + std::to_string(p.h.key));
+              " bytes): refused " + what);
     ++use.pulls;
     use.bytes += p.bytes();
     const std::uint64_t id = next_++;

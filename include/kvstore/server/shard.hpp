@@ -812,7 +812,8 @@ class shard {
 
   void hold(held_pull<Port> p) {
     p.deadline = std::chrono::steady_clock::now() + cfg_.hold_timeout;
-    held_.hold(std::move(p), {cfg_.max_held_pulls, cfg_.max_held_bytes}, who_);
+    const std::string what = "a pull of key " + key_str(p.h.key);
+    held_.hold(std::move(p), {cfg_.max_held_pulls, cfg_.max_held_bytes}, who_, what);
   }
 
   void answer_held(const held_pull<Port>& p, const slice& s) {
