@@ -35,6 +35,10 @@
 //
 // Every frame carries req_id (answers repeat it), priority (the sender's send order), sender (its
 // node id), type (element type of a payload) and status (errc of a response).
+//
+// Versions (issue 13): a pull's or pull_rows' aux is the version the slice must reach before it
+// is answered (0: at once); version (key id, key's elements, type) is answered by a response
+// whose aux is the slice's version.
 #pragma once
 
 #include <kvstore/wire/frame.hpp>
