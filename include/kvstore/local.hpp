@@ -53,7 +53,8 @@ struct local_entry {
   std::uint64_t state_gen = 0;
   /// The key's learning-rate and weight-decay multipliers (set_key_options).
   optim::multipliers mult;
-  std::vector<T> scratch;  ///< summed gradients, summed duplicate rows
+  std::vector<T> scratch;    ///< summed gradients, summed duplicate rows
+  std::uint64_t pushes = 0;  ///< pushes applied: the key's version
 
   std::size_t rows() const noexcept { return row_length ? size / row_length : 0; }
 };
@@ -288,6 +289,17 @@ class KVStore<local, T> {
         },
         st, impl_->run_inline(e.size));
     return op(std::move(st));
+  }
+
+  // ---- versions (an addition to the contract: SINGA's param versions) ------------------------
+
+  /// Pushes applied to `k` (push, push_rows, pushpull: one each, whatever the number of values
+  /// summed), after every op issued on `k` before this call. Throws: unknown_key.
+  std::uint64_t version(key k) {
+    auto& e = find("version", k);
+    impl_->eng.wait_key(e.k.id());
+    std::lock_guard lk(e.m);
+    return e.pushes;
   }
 
   // ---- waiting -------------------------------------------------------------------------------
@@ -532,6 +544,7 @@ class KVStore<local, T> {
   static void push_task(detail::local_impl<T>& impl, entry& e,
                         const std::vector<std::span<const T>>& srcs,
                         const detail::local_optimizer<T>* opt) {
+    ++e.pushes;
     if (!opt) {
       impl.sum(e.value, srcs);
       return;
@@ -549,6 +562,7 @@ class KVStore<local, T> {
   // times is the sum of its values in the order given.
   static void push_rows_task(entry& e, std::span<const std::int64_t> rows,
                              std::span<const T> values, const detail::local_optimizer<T>* opt) {
+    ++e.pushes;
     const std::size_t rl = e.row_length;
     std::vector<std::size_t> order(rows.size());
     std::iota(order.begin(), order.end(), std::size_t{0});

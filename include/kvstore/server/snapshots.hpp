@@ -45,6 +45,15 @@ shard_snapshot take_snapshot(const shard<Port>& sh, int rank) {
   return snap;
 }
 
+/// A dist_async slice's version (pushes applied) from a snapshot written before async slices
+/// counted it in `round`: the sum of each worker's last push number, the count of its pushes
+/// (numbered 1, 2, ... per key) that the slice applied.
+inline std::uint64_t async_version_of(const slice_snapshot& x) {
+  std::uint64_t n = 0;
+  for (auto [rank, last] : x.applied) n += last;
+  return n;
+}
+
 /// Replaces the shard's slices and optimizer by `snap`'s. Every slice counts as inited by all
 /// `num_workers` workers: re-sent inits are answered, pushes re-sent after the restart that the
 /// snapshot holds are acknowledged, not applied twice. Throws (changing nothing) for an unknown
@@ -56,6 +65,7 @@ void restore_snapshot(shard<Port>& sh, const shard_snapshot& snap, int num_worke
     auto& sl = restored[x.key];
     static_cast<slice_header&>(sl) = x;
     sl.applied.insert(x.applied.begin(), x.applied.end());
+    if (!sh.config().sync && sl.round == 0) sl.round = async_version_of(x);
     for (auto& p : x.parts) sl.parts[p.rank] = {p.seq, p.frames, 0};
     sl.inited = true;
     sl.restored = true;

@@ -31,9 +31,10 @@ namespace kvstore::wire {
 inline constexpr char snapshot_magic[8] = {'K', 'V', 'S', 'N', 'A', 'P', '0', '1'};
 inline constexpr std::uint32_t snapshot_version = 2;  // 2 added parts; version 1 files still load
 
-/// What a key slice is (key, element type, its range of the whole value, row length) and how
-/// many sync rounds it completed: a server's slice and its snapshot share these fields, so a
-/// snapshot and a restore each copy them in one assignment.
+/// What a key slice is (key, element type, its range of the whole value, row length) and its
+/// version, `round`: sync rounds completed (dist_sync) or pushes applied (dist_async; counted
+/// since issue 13, so older snapshots of async slices hold 0 there). A server's slice and its
+/// snapshot share these fields, so a snapshot and a restore each copy them in one assignment.
 struct slice_header {
   std::uint64_t key = 0;
   dtype type = dtype::none;
