@@ -308,7 +308,8 @@ void versions(const wire::header& init, const std::string& meta, const wire::hea
 }
 
 // Server snapshots (fuzz_snapshot: the first byte picks raw bytes (even) or a body wrapped in a
-// valid header (odd)). seed-v1-* are version-1 files kept from before version 2.
+// valid header (odd)). seed-v1-* and seed-v2-* are files of those versions, kept from before the
+// next one.
 void snapshots() {
   wire::shard_snapshot s;
   s.rank = 1;
@@ -325,6 +326,8 @@ void snapshots() {
   x.slots.push_back(floats({0, 0, 0, 0}));
   x.applied = {{0, 5}, {1, 4}};
   x.parts = {{1, 5, 2}};  // worker 1's push 5: two frames applied
+  x.lr_mult = 2;
+  x.wd_mult = 0;
   s.slices.push_back(x);
   const std::string file = wire::encode_snapshot(s);
   const std::size_t head = sizeof wire::snapshot_magic + 4 + 8 + 4;

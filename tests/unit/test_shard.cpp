@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -608,6 +609,7 @@ TEST_CASE("snapshot round trip: take, encode, decode, restore serves the same" *
   o.learning_rate = 0.25;
   o.momentum = 0.5;
   a.set_optimizer("sgd", params_of(o));
+  a.set_key_options(3, 8, 2.0, 0.5);
   a.push(0, 1, {1, 1, 1, 1}, 0, 4, 1);
   a.push(1, 1, {1, 2, 3, 4}, 0, 4, 1);
   a.push_rows(0, 3, {3}, {1, 1}, 8, 2);
@@ -623,6 +625,9 @@ TEST_CASE("snapshot round trip: take, encode, decode, restore serves the same" *
   CHECK(b.sh.optimizer_name() == "sgd");
   CHECK(b.sh.slices().at(1).round == 1);
   CHECK(b.sh.slices().at(1).st_f.slots == a.sh.slices().at(1).st_f.slots);
+  CHECK(b.sh.slices().at(3).mult.lr == 2.0);  // the key's multipliers survive a restart
+  CHECK(b.sh.slices().at(3).mult.wd == 0.5);
+  CHECK(b.sh.slices().at(1).mult.lr == 1.0);
   // The same bytes again, slices in key order (a hash map's order is its own).
   auto by_key = [](wire::shard_snapshot s) {
     std::sort(s.slices.begin(), s.slices.end(), [](auto& x, auto& y) { return x.key < y.key; });
@@ -1087,4 +1092,19 @@ TEST_CASE("snapshots keep versions; an async snapshot from before versions recov
   kvstore::detail::restore_snapshot(sy.sh, wire::decode_snapshot(bytes, "test"), 2);
   CHECK(as.version(7, 2) == 9);
   CHECK(sy.version(7, 2) == 0);  // a sync slice's round was always counted: 0 rounds
+  // A version-2 file (no multipliers: its one slice's body ends before them) loads with 1 and 1.
+  const std::size_t head = sizeof wire::snapshot_magic + 4 + 8 + 4;
+  const std::string body = bytes.substr(head, bytes.size() - head - 16);
+  const auto v2 = wire::decode_snapshot(wire::wrap_snapshot_body(body, 2), "test");
+  REQUIRE(v2.slices.size() == 1);
+  CHECK(v2.slices[0].lr_mult == 1.0);
+  CHECK(v2.slices[0].wd_mult == 1.0);
+  CHECK(v2.slices[0].applied == x.applied);
+  // A version-3 file whose multiplier is not finite is refused whole.
+  auto bad = x;
+  bad.lr_mult = std::numeric_limits<double>::infinity();
+  wire::shard_snapshot with_bad;
+  with_bad.slices.push_back(bad);
+  CHECK(error_of([&] { wire::decode_snapshot(wire::encode_snapshot(with_bad), "test"); }) ==
+        errc::bad_file);
 }

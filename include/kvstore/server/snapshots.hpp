@@ -33,6 +33,8 @@ shard_snapshot take_snapshot(const shard<Port>& sh, int rank) {
     static_cast<slice_header&>(x) = sl;
     x.applied.assign(sl.applied.begin(), sl.applied.end());
     for (auto& [r, p] : sl.parts) x.parts.push_back({r, p.seq, p.applied});
+    x.lr_mult = sl.mult.lr;
+    x.wd_mult = sl.mult.wd;
     x.value.assign(reinterpret_cast<const char*>(sl.value->data()), sl.value->size());
     with_dtype(sl.type, [&]<class T>() {
       const auto& st = sl.template state<T>();
@@ -67,6 +69,7 @@ void restore_snapshot(shard<Port>& sh, const shard_snapshot& snap, int num_worke
     sl.applied.insert(x.applied.begin(), x.applied.end());
     if (!sh.config().sync && sl.round == 0) sl.round = async_version_of(x);
     for (auto& p : x.parts) sl.parts[p.rank] = {p.seq, p.frames, 0};
+    sl.mult = {x.lr_mult, x.wd_mult};
     sl.inited = true;
     sl.restored = true;
     for (int r = 0; r < num_workers; ++r) sl.init_done.insert(r);
