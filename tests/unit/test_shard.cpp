@@ -154,19 +154,13 @@ struct fixture {
   /// The value a pull of `key` answers, put together from its data frames.
   std::vector<float> pull(std::uint64_t key, std::uint64_t total, std::uint64_t lo = 0,
                           int rank = 0) {
-    wire::header h;
-    h.command = wire::cmd::pull;
-    h.key = key;
-    h.req_id = ++req;
-    h.type = wire::dtype::f32;
-    h.total = total;
     auto& g = got(rank);
     g.clear();
-    sh.handle(rank, port(rank), h, {}, {});
+    const std::uint64_t id = send_pull(rank, key, total);
     std::vector<float> out;
     for (std::size_t i = 0; i < g.size(); ++i) {
       REQUIRE(g[i].data);
-      CHECK(g[i].h.req_id == h.req_id);
+      CHECK(g[i].h.req_id == id);
       CHECK(g[i].h.offset == lo + out.size());
       CHECK(((g[i].h.flags & wire::flag_last) != 0) == (i + 1 == g.size()));
       out.insert(out.end(), g[i].values.begin(), g[i].values.end());
