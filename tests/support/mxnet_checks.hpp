@@ -34,7 +34,8 @@ inline void default_sgd_step(std::string_view type) {
   CHECK(kv.num_workers() == 1);
   kv.init(3, std::vector<float>(4, 0.0f));
   kv.set_optimizer(kvstore::optim::sgd{});
-  kv.push(3, std::vector<float>(4, 1.0f));
+  const std::vector<float> ones(4, 1.0f);  // alive until the push is done (MPI's rule)
+  kv.push(3, ones);
   CHECK(pulled(kv, 3, 4) == std::vector<float>(4, -0.01f));
 }
 
@@ -71,7 +72,8 @@ inline void row_sparse_pull_rows(std::string_view type) {
   kv.row_sparse_pull("embed", out, repeated).wait();
   CHECK(out == want);
   // Rows follow pushes on the key, in order.
-  kv.push("embed", std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  const std::vector<float> nine{1, 2, 3, 4, 5, 6, 7, 8, 9};
+  kv.push("embed", nine);
   kv.row_sparse_pull("embed", out, {1}).wait();
   CHECK(out == std::vector<float>{0, 0, 0, 4, 5, 6, 0, 0, 0});
 }
