@@ -116,10 +116,12 @@ class shard {
       case wire::cmd::init:
         return init(rank, from, h, meta, payload);
       case wire::cmd::push:
+        if (h.flags & wire::flag_range) check_range_push(h, meta, payload.size());
         return push(rank, from, h, payload);
       case wire::cmd::push_rows:
         return push_rows(rank, from, h, meta, payload);
       case wire::cmd::pull:
+        if (h.flags & wire::flag_range) return pull_range(from, h, meta);
         return pull(from, h);
       case wire::cmd::pull_rows:
         return pull_rows(from, h, meta);
@@ -281,6 +283,23 @@ class shard {
       wire::header f = data_header(s, h);
       f.offset = s.lo + off;
       if (off + n == s.size()) f.flags = wire::flag_last;
+      from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
+    }
+  }
+
+  /// A range pull: the elements [offset, offset + length) its meta names, in data frames of at
+  /// most chunk_bytes flagged flag_range, their offsets counted from the range's first element.
+  void pull_range(const Port& from, const wire::header& h, std::string_view meta) {
+    slice& s = find(h);
+    const wire::range_meta r = range_in_slice(s, h, meta);
+    const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
+    std::shared_ptr<const void> keep = s.value;
+    const std::byte* base = s.value->data() + (r.offset - s.lo) * s.elem();
+    for (std::uint64_t off = 0; off < r.length; off += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, r.length - off);
+      wire::header f = data_header(s, h);
+      f.offset = off;
+      f.flags = wire::flag_range | (off + n == r.length ? wire::flag_last : 0u);
       from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
     }
   }
@@ -540,6 +559,32 @@ class shard {
                       std::to_string(h.offset + n) + ") are outside this server's slice [" +
                       std::to_string(s.lo) + ", " + std::to_string(s.hi) + ")");
     return n;
+  }
+
+  // The range a range push's or pull's meta names: it must lie in this server's slice.
+  wire::range_meta range_in_slice(const slice& s, const wire::header& h, std::string_view meta) {
+    const wire::range_meta r = wire::decode_range(meta);  // not empty, no wrap: else protocol
+    if (r.offset < s.lo || r.offset > s.hi || r.length > s.hi - r.offset)
+      throw error(errc::size_mismatch,
+                  "key " + key_str(h.key) + ": range [" + std::to_string(r.offset) + ", " +
+                      std::to_string(r.offset + r.length) + ") is outside this server's slice [" +
+                      std::to_string(s.lo) + ", " + std::to_string(s.hi) + ") on " + who_);
+    return r;
+  }
+
+  // A frame of a range push: its elements lie in the range its meta names, and the range in the
+  // slice. The frame is then a push like any other: in dist_sync it counts as this worker's push
+  // of the slice for the round, and the round's coverage keeps the elements it did not write.
+  void check_range_push(const wire::header& h, std::string_view meta, std::size_t payload_len) {
+    const slice& s = find(h);
+    const wire::range_meta r = range_in_slice(s, h, meta);
+    const std::uint64_t n = payload_len / s.elem();
+    if (h.offset < r.offset || h.offset - r.offset > r.length ||
+        n > r.length - (h.offset - r.offset))
+      throw error(errc::size_mismatch,
+                  "key " + key_str(h.key) + ": elements [" + std::to_string(h.offset) + ", " +
+                      std::to_string(h.offset + n) + ") of a range push are outside its range [" +
+                      std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
   }
 
   std::vector<std::int64_t> check_rows(const slice& s, const wire::header& h,

@@ -113,6 +113,22 @@ inline header pull_rows_header(const key_fields& k, int priority) {
   return h;
 }
 
+/// A frame of a range push: elements [offset, offset + n) of the key, inside the range its
+/// meta names (wire::range_meta).
+inline header push_range_header(const key_fields& k, std::uint64_t offset,
+                                std::uint64_t push_number, bool last, int priority) {
+  header h = push_header(k, offset, push_number, last, priority);
+  h.flags |= flag_range;
+  return h;
+}
+
+/// A range pull: the elements its meta names (wire::range_meta), from their first (`offset`).
+inline header pull_range_header(const key_fields& k, std::uint64_t offset, int priority) {
+  header h = pull_header(k, offset, priority);
+  h.flags = flag_range;
+  return h;
+}
+
 inline header dead_count_header(int groups, std::uint64_t timeout_ms) {
   header h = plain(cmd::dead_count);
   h.key = static_cast<std::uint64_t>(groups);
