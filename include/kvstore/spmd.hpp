@@ -4,6 +4,7 @@
 // this; a program that includes only dist.hpp never compiles the server loop.
 #pragma once
 
+#include <kvstore/colocated.hpp>
 #include <kvstore/detail/log.hpp>
 #include <kvstore/dist.hpp>
 #include <kvstore/options.hpp>
