@@ -77,6 +77,12 @@ void frames() {
   bad[23] = 1;  // huge payload
   put("frame", "huge", bad);
   put("frame", "short", ok.substr(0, 40));
+  wire::header r = h;
+  r.flags = wire::flag_range | wire::flag_last;
+  r.offset = 2;
+  r.meta_len = 16;
+  auto rb = wire::encode(r);
+  put("frame", "push-range", std::string(reinterpret_cast<const char*>(rb.data()), rb.size()));
 }
 
 void handshake() {
@@ -162,6 +168,9 @@ void messages() {
   const std::int64_t rows[] = {0, 2, -1};
   put("messages", "rows", m(5, wire::encode_rows(rows, 3)));
   put("messages", "reader", m(6, "\x1b" + reg));
+  put("messages", "range", m(7, wire::encode_range({3, 5})));
+  put("messages", "range-empty", m(7, wire::encode_range({3, 0})));
+  put("messages", "range-wraps", m(7, wire::encode_range({~std::uint64_t{0} - 1, 5})));
 }
 
 template <class T>
@@ -238,6 +247,30 @@ void server_frames() {
       std::string(1, '\6') + base + frame(hdr(wire::cmd::leave, 0, 10)) +
           frame(hdr(wire::cmd::bye, 0, 11)));
   put("server", "no-hello", std::string(1, '\0') + base);
+  // Range frames (push_range / pull_range): a push of [1, 3) in two frames, a pull of [1, 4), and
+  // ones that leave the slice or their range.
+  wire::header rpush = push;
+  rpush.flags = wire::flag_range;
+  rpush.offset = 1;
+  rpush.aux = 12;
+  wire::header rpush_last = rpush;
+  rpush_last.offset = 2;
+  rpush_last.flags = wire::flag_range | wire::flag_last;
+  wire::header rpull = pull;
+  rpull.flags = wire::flag_range;
+  rpull.offset = 1;
+  const std::string ranges = frame(init, meta, floats({1, 2, 3, 4})) +
+                             frame(rpush, wire::encode_range({1, 2}), floats({5})) +
+                             frame(rpush_last, wire::encode_range({1, 2}), floats({6})) +
+                             frame(rpull, wire::encode_range({1, 3}));
+  put("server", "range", std::string(1, '\4') + ranges);
+  put("server", "range-async",
+      std::string(1, '\5') + ranges + frame(rpull, wire::encode_range({0, 4})));
+  put("server", "range-outside",
+      std::string(1, '\4') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(rpull, wire::encode_range({2, 5})) +
+          frame(rpush_last, wire::encode_range({0, 1}), floats({7})) +
+          frame(rpull, wire::encode_range({1, 0})));
 }
 
 // Server snapshots (fuzz_snapshot: the first byte picks raw bytes (even) or a body wrapped in a
