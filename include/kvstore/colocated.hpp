@@ -107,9 +107,7 @@ class colocated_node final : public colocated_roles {
     stop();
   }
 
-  own_server address() const override {
-    return {server_->advertised_host(), server_->port()};
-  }
+  own_server address() const override { return {server_->advertised_host(), server_->port()}; }
 
   void linger(std::chrono::milliseconds limit) noexcept override { linger_ = limit; }
 
