@@ -6,6 +6,7 @@
 #include <kvstore/optim/all.hpp>
 #include <kvstore/optim/state_file.hpp>
 #include <kvstore/transport/auth.hpp>
+#include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/snapshot.hpp>
@@ -168,9 +169,14 @@ void messages() {
   const std::int64_t rows[] = {0, 2, -1};
   put("messages", "rows", m(5, wire::encode_rows(rows, 3)));
   put("messages", "reader", m(6, "\x1b" + reg));
-  put("messages", "range", m(7, wire::encode_range({3, 5})));
-  put("messages", "range-empty", m(7, wire::encode_range({3, 0})));
-  put("messages", "range-wraps", m(7, wire::encode_range({~std::uint64_t{0} - 1, 5})));
+  put("messages", "key-options", m(7, wire::encode_key_multipliers({2.0, 0.0})));
+  std::string inf = wire::encode_key_multipliers({1.0, 1.0});
+  inf[7] = char(0x7f);  // lr_mult's exponent all ones: not finite
+  inf[6] = char(0xf0);
+  put("messages", "key-options-inf", m(7, inf));
+  put("messages", "range", m(8, wire::encode_range({3, 5})));
+  put("messages", "range-empty", m(8, wire::encode_range({3, 0})));
+  put("messages", "range-wraps", m(8, wire::encode_range({~std::uint64_t{0} - 1, 5})));
 }
 
 template <class T>
@@ -241,8 +247,16 @@ void server_frames() {
           frame(hdr(wire::cmd::set_optimizer, 0, 7), opt) + frame(push, "", floats({1, 1, 1, 1})) +
           frame(hdr(wire::cmd::save_states, 0, 8)) +
           frame(
-              hdr(wire::cmd::load_states, 0, 9), "",
+              hdr(wire::cmd::load_states, 0, 9), "sgd",
               wire::encode_state_head(3, wire::dtype::f32, 0, 4, 4, 2, 1) + floats({0, 0, 0, 0})));
+  // A key's multipliers, then a push they scale.
+  wire::header kopt = wire::key_options_header({3, 4, wire::dtype::f32});
+  kopt.req_id = 12;
+  put("server", "key-options",
+      std::string(1, '\5') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(hdr(wire::cmd::set_optimizer, 0, 7), opt) +
+          frame(kopt, wire::encode_key_multipliers({2.0, 0.5})) +
+          frame(push, "", floats({1, 1, 1, 1})) + frame(pull));
   put("server", "two-workers",
       std::string(1, '\6') + base + frame(hdr(wire::cmd::leave, 0, 10)) +
           frame(hdr(wire::cmd::bye, 0, 11)));

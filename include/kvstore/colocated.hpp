@@ -3,7 +3,8 @@
 // also runs the scheduler. Each runs its own io loop on its own thread, exactly as in a process of
 // its own (server/server.hpp, rendezvous/scheduler.hpp); the worker reaches its own shard over
 // loopback TCP like any other. KVStore<dist> starts them through detail::start_colocated, which
-// this header sets; kvstore.hpp and spmd.hpp include it.
+// this header sets; kvstore.hpp includes it. The server runs the command handlers the program
+// registered (KVSTORE_REGISTER_COMMAND_HANDLER, spmd.hpp), as an SPMD server does.
 //
 // Lifetime: they start before the worker joins (the server's address goes with the worker's
 // registration, so the scheduler pairs the ranks) and stop after it left: once the worker said
@@ -17,6 +18,7 @@
 #include <kvstore/options.hpp>
 #include <kvstore/rendezvous/scheduler.hpp>
 #include <kvstore/server/server.hpp>
+#include <kvstore/spmd.hpp>
 
 #include <chrono>
 #include <condition_variable>
@@ -84,6 +86,7 @@ class colocated_node final : public colocated_roles {
     so.colocated_scheduler = false;
     try {
       server_ = std::make_unique<server>(so);
+      if (auto h = registered_command_handler()) server_->on_command(std::move(h));
     } catch (...) {
       stop();
       throw;

@@ -53,8 +53,8 @@ class colocated_roles {
   /// worker gone), at most `limit`, before stopping.
   virtual void linger(std::chrono::milliseconds limit) noexcept = 0;
 };
-/// Starts them; set by colocated.hpp (through kvstore.hpp or spmd.hpp), so a program that never
-/// serves does not compile the server loop.
+/// Starts them; set by colocated.hpp (through kvstore.hpp), so a program that never serves does
+/// not compile the server loop.
 inline std::unique_ptr<colocated_roles> (*start_colocated)(const dist_options&) = nullptr;
 }  // namespace detail
 
@@ -279,16 +279,17 @@ class KVStore<dist, T> {
   void wait_all() { impl_->eng.wait_all(); }
 
   // ---- optimizers ----------------------------------------------------------------------------
-  /// Sends the optimizer (registered name and parameters, never code) to every server; a
-  /// collective: rank 0 sends, then all workers meet at a barrier. The type must be registered
-  /// (KVSTORE_REGISTER_OPTIMIZER) in the servers' program too.
+  /// Sends the optimizer (registered name and parameters, never code) to every server and
+  /// returns once all have it. Not a collective: one worker alone (e.g. rank 0, as MXNet's
+  /// scripts do) or every worker may call it. The same type with new parameters keeps every
+  /// key's state (a learning-rate schedule is one call per epoch); another type starts fresh.
+  /// The type must be registered (KVSTORE_REGISTER_OPTIMIZER) in the servers' program too; the
+  /// built-ins sgd, adam, adagrad and add are everywhere.
   template <optim::registered_optimizer O>
   void set_optimizer(const O& o) {
     wait_all();
     auto u = optim::make_updater<T>(o);
-    if (rank() == 0) impl_->reqs.set_optimizer(u.name, u.params);
-    impl_->opt_name = u.name;
-    barrier();
+    impl_->reqs.set_optimizer(u.name, u.params);
   }
   template <class F>
   requires(!optim::registered_optimizer<std::remove_cvref_t<F>>) void set_optimizer(F&&) {
@@ -298,18 +299,33 @@ class KVStore<dist, T> {
                   "serialize, and KVSTORE_REGISTER_OPTIMIZER it");
   }
 
+  /// Scales the learning rate and weight decay of `k`'s updates on the servers (MXNet's lr_mult
+  /// and wd_mult): the built-in optimizers use learning_rate * lr_mult and weight_decay * wd_mult
+  /// for this key. Applies to ops issued after it (it waits for the key's ops in flight and for
+  /// every server holding the key). Throws unknown_key, invalid_argument (not finite).
+  void set_key_options(key k, const key_options& o) {
+    detail::check_multipliers("set_key_options", k, o.lr_mult, o.wd_mult);
+    record* m = find(call_kind::set_key_options, k, std::nullopt);
+    wait(k);
+    impl_->reqs.set_key_options(*m, o.lr_mult, o.wd_mult);
+  }
+
   /// Gathers every server's optimizer states into one file (written atomically), in the same
-  /// format as the local store's.
+  /// format as the local store's, named for the servers' optimizer (whichever worker set it).
   void save_optimizer_states(const std::filesystem::path& path) {
     wait_all();
-    optim::save_states<T>(path, impl_->opt_name, impl_->reqs.save_states(lookup()));
+    std::string optimizer;
+    auto states = impl_->reqs.save_states(lookup(), optimizer);
+    optim::save_states<T>(path, optimizer, states);
   }
 
   /// Reads a file saved by save_optimizer_states (local or dist) and gives each server its part.
-  /// The file is checked whole before any server changes.
+  /// The file is checked whole before any server changes; a server whose optimizer is not the
+  /// one the file was saved for refuses it (invalid_argument, naming both).
   void load_optimizer_states(const std::filesystem::path& path) {
     wait_all();
-    auto loaded = optim::load_states<T>(path, impl_->opt_name);
+    std::string optimizer;
+    auto loaded = optim::load_states_any<T>(path, optimizer);
     for (auto& [id, ks] : loaded) {
       const record* m = lookup()(id);
       const key shown = ks.name.empty() ? key(static_cast<std::int64_t>(id)) : key(ks.name);
@@ -321,7 +337,7 @@ class KVStore<dist, T> {
           fail(errc::size_mismatch, call_kind::load_optimizer_states, shown,
                "saved state does not match the key's size");
     }
-    impl_->reqs.load_states(loaded, lookup());
+    impl_->reqs.load_states(loaded, lookup(), optimizer);
   }
 
   // ---- the cluster ---------------------------------------------------------------------------
@@ -412,7 +428,6 @@ class KVStore<dist, T> {
     detail::requests<T> reqs;
     detail::engine eng;  // destroyed before the client: no op outlives the network
     detail::key_table keys;
-    std::string opt_name;
     std::atomic<bool> left{false};
   };
 

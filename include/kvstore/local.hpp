@@ -51,6 +51,8 @@ struct local_entry {
   optim::state<T> state;
   /// The optimizer generation `state` belongs to; an update by another one starts fresh.
   std::uint64_t state_gen = 0;
+  /// The key's learning-rate and weight-decay multipliers (set_key_options).
+  optim::multipliers mult;
   std::vector<T> scratch;  ///< summed gradients, summed duplicate rows
 
   std::size_t rows() const noexcept { return row_length ? size / row_length : 0; }
@@ -343,9 +345,10 @@ class KVStore<local, T> {
 
   // ---- optimizers ----------------------------------------------------------------------------
 
-  /// Sets a registered optimizer (optim::sgd, optim::adam, optim::adagrad, or any type meeting
-  /// optim::registered_optimizer). Waits for every op in flight first; the optimizer state of
-  /// every key starts fresh. Later pushes are gradients.
+  /// Sets a registered optimizer (optim::sgd, optim::adam, optim::adagrad, optim::add, or any type
+  /// meeting optim::registered_optimizer). Waits for every op in flight first. The same type
+  /// again (new parameters: a learning-rate schedule) keeps every key's state (momentum, moments,
+  /// step count); another type starts fresh. Later pushes are gradients.
   template <optim::registered_optimizer O>
   void set_optimizer(const O& o) {
     install(optim::make_updater<T>(o));
@@ -353,7 +356,8 @@ class KVStore<local, T> {
 
   /// Sets a callable `(kvstore::key, std::span<const T> grad, std::span<T> weight)` as the
   /// optimizer (local mode only; it has no state to save). It may be called from several engine
-  /// threads at once for different keys, never twice at once for one key. Waits as above.
+  /// threads at once for different keys, never twice at once for one key. Waits as above; states
+  /// start fresh.
   template <class F>
   requires(!optim::registered_optimizer<std::remove_cvref_t<F>> &&
            optim::callable_optimizer<std::remove_cvref_t<F>, T>) void set_optimizer(F&& f) {
@@ -365,6 +369,18 @@ class KVStore<local, T> {
   void set_optimizer(optim::updater<T> u) {
     if (!u) throw error(errc::invalid_argument, "kvstore: set_optimizer: empty updater");
     install(std::move(u));
+  }
+
+  /// Scales the learning rate and weight decay of `k`'s updates (MXNet's lr_mult and wd_mult):
+  /// the built-in optimizers use learning_rate * lr_mult and weight_decay * wd_mult for this key.
+  /// Applies to ops issued after it (it waits for the key's ops in flight). Throws unknown_key,
+  /// invalid_argument (a multiplier that is not finite).
+  void set_key_options(key k, const key_options& o) {
+    detail::check_multipliers("set_key_options", k, o.lr_mult, o.wd_mult);
+    entry& e = find("set_key_options", k);
+    wait(k);
+    std::lock_guard lk(e.m);
+    e.mult = {o.lr_mult, o.wd_mult};
   }
 
   /// Writes every key's optimizer state to `path` (atomically: the old file stays whole if this
@@ -581,7 +597,7 @@ class KVStore<local, T> {
       impl.sum(e.scratch, srcs);
       grad = e.scratch;
     }
-    opt->u.apply(e.k, grad, e.value, state_for(e, *opt));
+    opt->u.apply(e.k, grad, e.value, state_for(e, *opt), e.mult);
   }
 
   // Runs in the key's task, e.m held. Rows are taken in ascending order; a row named several
@@ -615,7 +631,7 @@ class KVStore<local, T> {
       }
       std::span<T> w(e.value.data() + row * rl, rl);
       if (opt)
-        opt->u.fn(e.k, grad, w, optim::updater<T>::view(*st, row * rl, rl));
+        opt->u.fn(e.k, grad, w, optim::updater<T>::view(*st, row * rl, rl, e.mult));
       else
         std::copy(grad.begin(), grad.end(), w.begin());
       i = j;
@@ -639,8 +655,12 @@ class KVStore<local, T> {
   void install(optim::updater<T> u) {
     impl_->eng.wait_all();
     std::unique_lock lk(impl_->m);
+    // The same registered type keeps the states' generation, so they carry on with the new
+    // parameters; a callable or another type starts a new one.
+    const bool same = impl_->opt && !u.name.empty() && impl_->opt->u.name == u.name;
+    const std::uint64_t gen = same ? impl_->opt->gen : ++impl_->generation;
     impl_->opt = std::make_shared<const detail::local_optimizer<T>>(
-        detail::local_optimizer<T>{std::move(u), ++impl_->generation});
+        detail::local_optimizer<T>{std::move(u), gen});
   }
 
   std::unique_ptr<detail::local_impl<T>> impl_;

@@ -1,8 +1,8 @@
 // Placement over real loopback TCP, ranks as threads: partition::even (BigDL's chunks) seen
 // through slice_of and through what each server holds (its snapshot), push_range / pull_range in
 // dist_sync and dist_async with and without an optimizer, their errors, and colocated servers
-// (every worker's store serves a shard: ranks paired, the server lingers for the others, every
-// thread joined at the end).
+// (every worker's store serves a shard: ranks paired, the server lingers for the others and runs
+// the program's command handlers, every thread joined at the end).
 #include <kvstore/kvstore.hpp>  // first: the header is self-contained
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -14,11 +14,13 @@
 #include "support/helpers.hpp"
 #include "support/process.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -52,6 +54,10 @@ std::optional<held> held_by(const kvtest::temp_dir& dir, int rank, std::uint64_t
     }
   return std::nullopt;
 }
+
+// Commands the colocated servers ran (they run the program's registered handlers).
+std::atomic<int> commands_run{0};
+KVSTORE_REGISTER_COMMAND_HANDLER([](int head, std::string_view) { commands_run += head; });
 
 // Threads of this process, from /proc.
 int thread_count() {
@@ -243,7 +249,10 @@ TEST_CASE(
         kv.pull(1, all).wait();
         CHECK(all == iota(10, -3.0f));
         kv.barrier();
+        if (kv.rank() == 0) kv.send_command_to_servers(10, "colocated");  // each server adds 10
+        kv.barrier();
       });
+      CHECK(commands_run.exchange(0) == 30);
     }
     CHECK(thread_count() == threads_before);
   }

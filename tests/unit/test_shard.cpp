@@ -6,6 +6,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 
 #include <kvstore/server/snapshots.hpp>
+#include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>
 #include <kvstore/wire/snapshot.hpp>
@@ -16,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,10 +53,11 @@ struct box_port {
     box->got.push_back(std::move(a));
   }
   void send(const wire::header& h, std::span<const std::byte> payload,
-            std::shared_ptr<const void> keep) const {
+            std::shared_ptr<const void> keep, std::string meta = {}) const {
     CHECK(keep != nullptr);
     answer a;
     a.h = h;
+    a.message = std::move(meta);
     a.status = static_cast<errc>(h.status);
     a.data = h.command == wire::cmd::data;
     a.raw.assign(reinterpret_cast<const char*>(payload.data()), payload.size());
@@ -198,7 +201,17 @@ struct fixture {
     REQUIRE(got(0).back().status == errc::ok);
     got(0).clear();
   }
-  /// The save_states answer's payload and entry count.
+  /// Sets `key`'s learning-rate and weight-decay multipliers.
+  void set_key_options(std::uint64_t key, std::uint64_t total, double lr, double wd) {
+    wire::header h = wire::key_options_header({key, total, wire::dtype::f32});
+    h.req_id = ++req;
+    sh.handle(0, port(0), h, wire::encode_key_multipliers({lr, wd}), {});
+    REQUIRE(got(0).size() == 1);
+    REQUIRE(got(0).back().status == errc::ok);
+    got(0).clear();
+  }
+  /// The save_states answer's payload and entry count; its text (the optimizer's name) in
+  /// saved_for.
   std::pair<std::string, std::uint64_t> save_states() {
     wire::header h;
     h.command = wire::cmd::save_states;
@@ -209,16 +222,19 @@ struct fixture {
     auto a = got(0).back();
     got(0).clear();
     CHECK(a.h.command == wire::cmd::response);
+    saved_for = a.message;
     return {a.raw, a.h.aux};
   }
-  void load_states(const std::string& payload) {
+  /// Loads states saved for the optimizer `name` (default: the shard's own).
+  void load_states(const std::string& payload, std::optional<std::string> name = std::nullopt) {
     wire::header h;
     h.command = wire::cmd::load_states;
     h.req_id = ++req;
     h.payload_len = payload.size();
-    sh.handle(0, port(0), h, {},
+    sh.handle(0, port(0), h, name ? *name : sh.optimizer_name(),
               {reinterpret_cast<const std::byte*>(payload.data()), payload.size()});
   }
+  std::string saved_for;
 
   shard_t sh;
   std::vector<box_port> ports;
@@ -499,6 +515,7 @@ TEST_CASE("optimizer states: save, load into a twin, the same bytes again" * doc
   const auto& saved = saved_and_count.first;
   const auto count = saved_and_count.second;
   CHECK(count == 2);
+  CHECK(a.saved_for == "adam");
   auto entries = wire::decode_states(saved);
   REQUIRE(entries.size() == 2);
   b.load_states(saved);
@@ -508,6 +525,16 @@ TEST_CASE("optimizer states: save, load into a twin, the same bytes again" * doc
   CHECK(b.sh.slices().at(2).st_f.step == 2);
   CHECK(b.sh.slices().at(2).st_f.slots == a.sh.slices().at(2).st_f.slots);
   CHECK(b.sh.slices().at(1).st_f.slots == a.sh.slices().at(1).st_f.slots);
+  // States saved for another optimizer are refused whole, naming both.
+  b.got(0).clear();
+  try {
+    b.load_states(saved, "sgd");
+    FAIL("states saved for sgd loaded into adam");
+  } catch (const kvstore::error& e) {
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("\"sgd\"") != std::string::npos);
+    CHECK(std::string(e.what()).find("\"adam\"") != std::string::npos);
+  }
 
   // States that do not fit a slice change nothing.
   fixture c(1);
@@ -675,6 +702,56 @@ TEST_CASE("pull_rows naming a row twice is refused: an answer is never bigger th
   }
   CHECK(r.got(0).empty());  // nothing was answered
   CHECK(r.pull_rows(6, {3, 2}, 12) == std::vector<float>{2, 2, 1, 1});
+}
+
+TEST_CASE("an optimizer set again: the same type keeps its state, another starts fresh" *
+          doctest::timeout(10)) {
+  fixture f(1, /*sync=*/false);
+  f.init_all(1, {0, 0}, 0, 2, 2);
+  optim::sgd o{.learning_rate = 1, .momentum = 0.5};
+  f.set_optimizer("sgd", params_of(o));
+  f.push(0, 1, {1, 1}, 0, 2);  // mom = -1, w = -1
+  CHECK(f.pull(1, 2) == std::vector<float>{-1, -1});
+  // A learning-rate schedule: sgd again with lr 0.5. The momentum carries on:
+  // mom = 0.5 * -1 - 0.5 * 1 = -1, w = -2. Reset, it would be -0.5 and w = -1.5.
+  o.learning_rate = 0.5;
+  f.set_optimizer("sgd", params_of(o));
+  f.push(0, 1, {1, 1}, 0, 2);
+  CHECK(f.pull(1, 2) == std::vector<float>{-2, -2});
+  CHECK(f.sh.slices().at(1).st_f.step == 2);
+  // Every worker setting the same optimizer again changes nothing either.
+  f.set_optimizer("sgd", params_of(o));
+  CHECK(f.sh.slices().at(1).st_f.step == 2);
+  // Another type starts fresh: adagrad's history, step 1.
+  f.set_optimizer("adagrad", params_of(optim::adagrad{.learning_rate = 1}));
+  CHECK(f.sh.slices().at(1).st_f.slots.empty());
+  f.push(0, 1, {1, 1}, 0, 2);
+  CHECK(f.sh.slices().at(1).st_f.step == 1);
+}
+
+TEST_CASE("a key's multipliers scale its learning rate and weight decay; add accumulates" *
+          doctest::timeout(10)) {
+  fixture f(2);  // dist_sync: two workers' pushes summed, applied once
+  f.init_all(1, {1, 1}, 0, 2, 2);
+  f.init_all(2, {1, 1}, 0, 2, 2);
+  f.set_optimizer("sgd", params_of(optim::sgd{.learning_rate = 0.1, .weight_decay = 0.5}));
+  f.set_key_options(2, 2, 2.0, 0.0);
+  for (std::uint64_t k : {1, 2}) {
+    f.push(0, k, {1, 1}, 0, 2);
+    f.push(1, k, {1, 1}, 0, 2);
+  }
+  // key 1: w = 1 - 0.1 * (2 + 0.5 * 1) = 0.75; key 2 (lr x2, no decay): 1 - 0.2 * 2 = 0.6.
+  CHECK(f.pull(1, 2) == std::vector<float>{0.75f, 0.75f});
+  CHECK(f.pull(2, 2) == std::vector<float>{0.6f, 0.6f});
+  CHECK(error_of([&] {
+          wire::header h = wire::key_options_header({9, 2, wire::dtype::f32});
+          f.sh.handle(0, f.port(0), h, wire::encode_key_multipliers({1, 1}), {});
+        }) == errc::unknown_key);
+  // Multiverso's default updater: each round's sum is added to the value.
+  f.set_optimizer("add", params_of(optim::add{}));
+  f.push(0, 1, {1, 2}, 0, 2);
+  f.push(1, 1, {3, 4}, 0, 2);
+  CHECK(f.pull(1, 2) == std::vector<float>{4.75f, 6.75f});
 }
 
 // ---- element ranges (flag_range): push_range / pull_range's frames ---------------------------

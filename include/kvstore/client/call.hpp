@@ -32,6 +32,7 @@ enum class call_kind : std::uint8_t {
   push_range,
   pull_range,
   slice_of,
+  set_key_options,
 };
 
 /// The public call's name, as errors show it.
@@ -57,6 +58,8 @@ constexpr std::string_view call_name(call_kind c) noexcept {
       return "load_optimizer_states";
     case call_kind::send_command_to_servers:
       return "send_command_to_servers";
+    case call_kind::set_key_options:
+      return "set_key_options";
     case call_kind::barrier:
       return "barrier";
     case call_kind::barrier_before_exit:

@@ -9,7 +9,8 @@
 // is sent, and then drops it:
 //   void reply(std::uint64_t req_id, errc status, std::string message) const;  // a response
 //   void send(wire::header h, std::span<const std::byte> payload,              // any other
-//             std::shared_ptr<const void> keep) const;  // frame; `keep` owns the payload bytes
+//             std::shared_ptr<const void> keep,     // frame; `keep` owns the payload bytes,
+//             std::string meta = {}) const;         // `meta` is the frame's text
 // Everything runs on one thread (the server's io thread): no locks.
 #pragma once
 
@@ -130,7 +131,9 @@ class shard {
       case wire::cmd::save_states:
         return save_states(from, h);
       case wire::cmd::load_states:
-        return load_states(from, h, payload);
+        return load_states(from, h, meta, payload);
+      case wire::cmd::key_options:
+        return set_key_options(from, h, meta);
       default:
         throw error(errc::protocol,
                     "unexpected command " + std::to_string(static_cast<int>(h.command)));
@@ -332,21 +335,35 @@ class shard {
     } while (i < rows.size());
   }
 
-  /// Sets the optimizer by registered name and parameters; every key's state starts afresh.
+  /// Sets the optimizer by registered name and parameters. The same name again (new parameters:
+  /// a learning-rate schedule, or every worker setting it) keeps every key's state; another name
+  /// starts them afresh. Any worker may send it, any number of times.
   void set_optimizer(const Port& from, const wire::header& h, std::string_view meta) {
     auto [name, params] = wire::decode_optimizer(meta);
     auto f = optim::create_updater<float>(name, params);  // throws for unknown names, bad params
     auto d = optim::create_updater<double>(name, params);
     upd_f_ = std::move(f);
     upd_d_ = std::move(d);
-    for (auto& [k, s] : slices_) {
-      s.st_f = {};
-      s.st_d = {};
+    if (name != opt_name_)
+      for (auto& [k, s] : slices_) {
+        s.st_f = {};
+        s.st_d = {};
+      }
+    if (name != opt_name_ || params != opt_params_) {
+      log_info(who_, "optimizer set: " + name);
+      opt_name_ = name;
+      opt_params_ = params;
+      changed(true);
     }
-    opt_name_ = name;
-    opt_params_ = params;
+    from.reply(h.req_id, errc::ok, {});
+  }
+
+  /// A key's learning-rate and weight-decay multipliers, for its updates from now on.
+  void set_key_options(const Port& from, const wire::header& h, std::string_view meta) {
+    slice& s = find(h);
+    const auto m = wire::decode_key_multipliers(meta);
+    s.mult = {m.lr_mult, m.wd_mult};
     changed(true);
-    log_info(who_, "optimizer set: " + name);
     from.reply(h.req_id, errc::ok, {});
   }
 
@@ -377,12 +394,19 @@ class shard {
     f.command = wire::cmd::response;
     f.req_id = h.req_id;
     f.aux = count;
-    from.send(f, {out->data(), out->size()}, out);
+    // The answer's text names the optimizer the states belong to: a worker that never set it
+    // (rank 0 alone did) still writes the file for the right one.
+    from.send(f, {out->data(), out->size()}, out, opt_name_);
   }
 
-  /// Replaces the optimizer states of the keys in `payload` (save_states' format); everything
-  /// is checked before anything changes.
-  void load_states(const Port& from, const wire::header& h, std::span<const std::byte> payload) {
+  /// Replaces the optimizer states of the keys in `payload` (save_states' format), saved for the
+  /// optimizer named in `meta`; everything is checked before anything changes.
+  void load_states(const Port& from, const wire::header& h, std::string_view meta,
+                   std::span<const std::byte> payload) {
+    if (meta.size() > wire::max_optimizer_name_len || meta != opt_name_)
+      throw error(errc::invalid_argument, "the optimizer states were saved for optimizer \"" +
+                                              std::string(meta.substr(0, 64)) + "\", " + who_ +
+                                              " runs \"" + opt_name_ + "\"");
     struct staged {
       slice* s;
       optim::state<float> f;
@@ -695,7 +719,7 @@ class shard {
     upd.ensure_state(st, s.size());
     if (new_step) ++st.step;
     upd.fn(kvstore::key(static_cast<std::int64_t>(s.key)), std::span<const T>(grad, n),
-           std::span<T>(w, n), optim::updater<T>::view(st, rel, n));
+           std::span<T>(w, n), optim::updater<T>::view(st, rel, n, s.mult));
   }
 
   template <class T>

@@ -129,6 +129,16 @@ inline header pull_range_header(const key_fields& k, std::uint64_t offset, int p
   return h;
 }
 
+/// A key's learning-rate and weight-decay multipliers (meta: encode_key_multipliers), to each
+/// server holding a slice of it.
+inline header key_options_header(const key_fields& k) {
+  header h = plain(cmd::key_options);
+  h.key = k.key;
+  h.total = k.total;
+  h.type = k.type;
+  return h;
+}
+
 inline header dead_count_header(int groups, std::uint64_t timeout_ms) {
   header h = plain(cmd::dead_count);
   h.key = static_cast<std::uint64_t>(groups);
