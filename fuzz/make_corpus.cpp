@@ -84,6 +84,10 @@ void frames() {
   r.meta_len = 16;
   auto rb = wire::encode(r);
   put("frame", "push-range", std::string(reinterpret_cast<const char*>(rb.data()), rb.size()));
+  wire::header v = hdr(wire::cmd::version, 3, 9);
+  v.type = wire::dtype::f32;
+  v.total = 4;
+  put("frame", "version-command", frame(v));
 }
 
 void handshake() {
@@ -204,6 +208,9 @@ void state_files() {
   put("state_file", "double-payload", std::string(1, '\3') + d.substr(head));
 }
 
+void versions(const wire::header& init, const std::string& meta, const wire::header& rinit,
+              const wire::header& prow, wire::header qrow);
+
 void server_frames() {
   // Mode 4: dist_sync, one worker, the hello sent by the harness.
   const std::string meta = wire::encode_init_meta({0, 4});
@@ -285,10 +292,57 @@ void server_frames() {
           frame(rpull, wire::encode_range({2, 5})) +
           frame(rpush_last, wire::encode_range({0, 1}), floats({7})) +
           frame(rpull, wire::encode_range({1, 0})));
+  versions(init, meta, rinit, prow, qrow);
+}
+
+// Versions and held pulls (issue 13): the version command (of a key and of one never inited),
+// pulls and pull_rows waiting for a version (aux) that pushes then reach, one never reached,
+// and in dist_async with staleness 0 and two workers a pull held for the other worker.
+void versions(const wire::header& init, const std::string& meta, const wire::header& rinit,
+              const wire::header& prow, wire::header qrow) {
+  wire::header ver = hdr(wire::cmd::version, 3, 20);
+  ver.type = wire::dtype::f32;
+  ver.total = 4;
+  wire::header unknown = ver;
+  unknown.key = 8;
+  wire::header wait = hdr(wire::cmd::pull, 3, 21);
+  wait.type = wire::dtype::f32;
+  wait.total = 4;
+  wait.aux = 2;
+  wire::header never = wait;
+  never.req_id = 22;
+  never.aux = ~std::uint64_t{0};
+  auto push = [](std::uint64_t seq) {
+    wire::header p = hdr(wire::cmd::push, 3, 30 + seq);
+    p.type = wire::dtype::f32;
+    p.total = 4;
+    p.aux = seq;
+    p.flags = wire::flag_last;
+    return p;
+  };
+  qrow.aux = 1;
+  const std::int64_t rows[] = {1};
+  const std::string ones = floats({1, 1, 1, 1});
+  const std::string body = frame(init, meta, floats({1, 2, 3, 4})) + frame(ver) + frame(unknown) +
+                           frame(wait) + frame(never) + frame(push(1), "", ones) +
+                           frame(push(2), "", ones) + frame(ver) +
+                           frame(rinit, wire::encode_init_meta({0, 6}), std::string(48, '\0')) +
+                           frame(qrow, wire::encode_rows(rows, 1)) +
+                           frame(prow, wire::encode_rows(rows, 1), std::string(16, '\1'));
+  put("server", "versions-async", std::string(1, '\5') + body);
+  put("server", "versions-sync", std::string(1, '\4') + body);
+  // Two workers, staleness 0: worker 0 pushes, its pull waits for worker 1, then it leaves.
+  wire::header pull = hdr(wire::cmd::pull, 3, 40);
+  pull.type = wire::dtype::f32;
+  pull.total = 4;
+  put("server", "staleness",
+      std::string(1, '\x0f') + frame(init, meta, floats({1, 2, 3, 4})) + frame(push(1), "", ones) +
+          frame(pull) + frame(ver) + frame(hdr(wire::cmd::leave, 0, 41)) + frame(pull));
 }
 
 // Server snapshots (fuzz_snapshot: the first byte picks raw bytes (even) or a body wrapped in a
-// valid header (odd)). seed-v1-* are version-1 files kept from before version 2.
+// valid header (odd)). seed-v1-* and seed-v2-* are files of those versions, kept from before the
+// next one.
 void snapshots() {
   wire::shard_snapshot s;
   s.rank = 1;
@@ -305,6 +359,8 @@ void snapshots() {
   x.slots.push_back(floats({0, 0, 0, 0}));
   x.applied = {{0, 5}, {1, 4}};
   x.parts = {{1, 5, 2}};  // worker 1's push 5: two frames applied
+  x.lr_mult = 2;
+  x.wd_mult = 0;
   s.slices.push_back(x);
   const std::string file = wire::encode_snapshot(s);
   const std::size_t head = sizeof wire::snapshot_magic + 4 + 8 + 4;

@@ -87,6 +87,7 @@ class KVStore<dist, T> {
                         "<kvstore/kvstore.hpp> or <kvstore/spmd.hpp>");
       detail::run_other_role(o);
     }
+    o.check_versions();
     impl_ = std::make_unique<impl>(o);
   }
   KVStore(const KVStore&) = delete;
@@ -202,6 +203,29 @@ class KVStore<dist, T> {
           },
           st);
     return op(st);
+  }
+
+  // ---- versions and bounded staleness ---------------------------------------------------------
+  /// A pull that each server answers once its slice of `k` reached o.min_version (see
+  /// version()), within request_timeout: a version not reached by then fails the op with an
+  /// error naming the key and the version. Under dist_options::staleness it also waits for
+  /// slower workers, as every pull does.
+  op pull(key k, std::span<T> out, pull_options o) {
+    record* m = find(call_kind::pull, k, out.size());
+    return submit(m, o.priority, [this, m, out, o](auto done) {
+      impl_->reqs.pull(*m, {out}, o.priority, std::move(done), o.min_version);
+    });
+  }
+
+  /// The version of `k` on its servers: sync rounds completed (dist_sync) or pushes applied
+  /// (dist_async), each push or round counted once even across a server restart. A key sliced
+  /// over several servers has the least of its slices' versions. Asked after this worker's
+  /// earlier ops on `k` are done, as a pull is. Throws unknown_key for a key never inited.
+  std::uint64_t version(key k) {
+    record* m = find(call_kind::version, k, std::nullopt);
+    auto v = std::make_shared<std::uint64_t>(0);
+    submit(m, 0, [this, m, v](auto done) { impl_->reqs.version(*m, v, std::move(done)); }).wait();
+    return *v;
   }
 
   /// Push then pull of one key as one op: `out` gets the value after this push.

@@ -53,7 +53,8 @@ struct local_entry {
   std::uint64_t state_gen = 0;
   /// The key's learning-rate and weight-decay multipliers (set_key_options).
   optim::multipliers mult;
-  std::vector<T> scratch;  ///< summed gradients, summed duplicate rows
+  std::vector<T> scratch;    ///< summed gradients, summed duplicate rows
+  std::uint64_t pushes = 0;  ///< pushes applied: the key's version
 
   std::size_t rows() const noexcept { return row_length ? size / row_length : 0; }
 };
@@ -335,6 +336,17 @@ class KVStore<local, T> {
     return op(std::move(st));
   }
 
+  // ---- versions (an addition to the contract: SINGA's param versions) ------------------------
+
+  /// Pushes applied to `k` (push, push_rows, pushpull: one each, whatever the number of values
+  /// summed), after every op issued on `k` before this call. Throws: unknown_key.
+  std::uint64_t version(key k) {
+    auto& e = find("version", k);
+    impl_->eng.wait_key(e.k.id());
+    std::lock_guard lk(e.m);
+    return e.pushes;
+  }
+
   // ---- waiting -------------------------------------------------------------------------------
 
   /// Returns once every op issued on `k` before this call is done (a key never used: at once).
@@ -587,6 +599,7 @@ class KVStore<local, T> {
   static void push_task(detail::local_impl<T>& impl, entry& e,
                         const std::vector<std::span<const T>>& srcs,
                         const detail::local_optimizer<T>* opt) {
+    ++e.pushes;
     if (!opt) {
       impl.sum(e.value, srcs);
       return;
@@ -604,6 +617,7 @@ class KVStore<local, T> {
   // times is the sum of its values in the order given.
   static void push_rows_task(entry& e, std::span<const std::int64_t> rows,
                              std::span<const T> values, const detail::local_optimizer<T>* opt) {
+    ++e.pushes;
     const std::size_t rl = e.row_length;
     std::vector<std::size_t> order(rows.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
@@ -641,6 +655,7 @@ class KVStore<local, T> {
   // Runs in the key's task, e.m held.
   static void push_range_task(entry& e, std::size_t offset, std::span<const T> values,
                               const detail::local_optimizer<T>* opt) {
+    ++e.pushes;  // a push of some elements: one version
     std::span<T> w(e.value.data() + offset, values.size());
     if (!opt) {
       std::copy(values.begin(), values.end(), w.begin());
@@ -649,7 +664,7 @@ class KVStore<local, T> {
     auto& st = state_for(e, *opt);
     opt->u.ensure_state(st, e.size);
     ++st.step;
-    opt->u.fn(e.k, values, w, optim::updater<T>::view(st, offset, values.size()));
+    opt->u.fn(e.k, values, w, optim::updater<T>::view(st, offset, values.size(), e.mult));
   }
 
   void install(optim::updater<T> u) {

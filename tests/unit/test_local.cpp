@@ -706,6 +706,30 @@ TEST_CASE("grouping a multi-key call: first-appearance order, repeats joined, pa
   CHECK(groups[37].bufs.size() == 1);
 }
 
+TEST_CASE("version: pushes applied to the key, after the ops issued on it before" *
+          doctest::timeout(60)) {
+  store kv;
+  std::vector<float> v(4, 0.f), g(4, 1.f);
+  kv.init(1, v);
+  kv.init(2, v, 2);
+  CHECK(kv.version(1) == 0);
+  kv.push(1, g);
+  kv.push(1, {std::span<const float>(g), std::span<const float>(g)});  // summed: one push
+  std::vector<float> out(4);
+  kv.pushpull(1, g, out);
+  CHECK(kv.version(1) == 3);  // waits for the three ops on key 1 (not waited here)
+  const std::int64_t rows[] = {1};
+  kv.push_rows(2, rows, std::span<const float>(g.data(), 2));
+  std::vector<key> ks{1, 2};
+  std::vector<std::span<const float>> vals{g, g};
+  kv.push(ks, vals);
+  CHECK(kv.version(1) == 4);
+  CHECK(kv.version(2) == 2);
+  kv.pull(1, out).wait();  // a pull changes nothing
+  CHECK(kv.version(1) == 4);
+  expect_error([&] { (void)kv.version(9); }, errc::unknown_key, "key 9");
+}
+
 TEST_CASE(
     "element ranges: slice_of is the whole key on server 0; push_range stores or updates "
     "only its elements; pull_range reads them" *

@@ -33,6 +33,7 @@ enum class call_kind : std::uint8_t {
   pull_range,
   slice_of,
   set_key_options,
+  version,
 };
 
 /// The public call's name, as errors show it.
@@ -80,6 +81,8 @@ constexpr std::string_view call_name(call_kind c) noexcept {
       return "pull_range";
     case call_kind::slice_of:
       return "slice_of";
+    case call_kind::version:
+      return "version";
   }
   return "?";
 }
@@ -96,10 +99,12 @@ struct request_label {
   call_kind kind = call_kind::barrier;
   const kvstore::key* k = nullptr;  ///< the key's record outlives its requests
   int server_id = -1;               ///< node id, for a call sent to every server
+  std::uint64_t min_version = 0;    ///< a pull that waits for this version of its key
 
   std::string str() const {
     std::string s(call_name(kind));
     if (k) s += " of key " + k->str();
+    if (min_version) s += " (waiting for version " + std::to_string(min_version) + ")";
     if (server_id >= 0) s += " on " + node_name(server_id);
     return s;
   }

@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,8 +94,10 @@ class requests {
     }
   }
 
-  /// Every server's slice lands straight in outs[0]; the other outputs get a copy.
-  void pull(const key_record& m, std::vector<std::span<T>> outs, int priority, done_fn done) {
+  /// Every server's slice lands straight in outs[0]; the other outputs get a copy. Each server
+  /// answers once its slice reached `min_version` (0: at once).
+  void pull(const key_record& m, std::vector<std::span<T>> outs, int priority, done_fn done,
+            std::uint64_t min_version = 0) {
     auto first = outs.front();
     auto all = fan_in(m.slices.size(), [outs = std::move(outs), done = std::move(done)](auto e) {
       if (!e)
@@ -104,8 +107,8 @@ class requests {
     });
     for (auto& s : m.slices) {
       transport::out_frame f;
-      f.h = wire::pull_header(fields(m), s.lo, priority);
-      worker_client::request r = part_of(all, {call_kind::pull, &m.k});
+      f.h = wire::pull_header(fields(m), s.lo, priority, min_version);
+      worker_client::request r = part_of(all, {call_kind::pull, &m.k, -1, min_version});
       r.out = reinterpret_cast<std::byte*>(first.data());
       r.out_bytes = first.size() * sizeof(T);
       r.elem = sizeof(T);
@@ -240,6 +243,22 @@ class requests {
                    part_of(all, {call_kind::set_key_options, &m.k}));
     }
     op(all).wait();
+  }
+
+  /// The key's version: the least of its slices' (each server's answer's aux), into `*out`.
+  void version(const key_record& m, std::shared_ptr<std::uint64_t> out, done_fn done) {
+    *out = std::numeric_limits<std::uint64_t>::max();
+    auto all = fan_in(m.slices.size(), std::move(done));
+    for (auto& s : m.slices) {
+      transport::out_frame f;
+      f.h = wire::version_header(fields(m));
+      worker_client::request r = part_of(all, {call_kind::version, &m.k});
+      // Answers are read on the client's one io thread: no two of them race on *out.
+      r.on_response = [out](const wire::header& h, std::span<const std::byte>) {
+        *out = std::min(*out, h.aux);
+      };
+      client_.send(s.server, worker_client::single(std::move(f)), std::move(r));
+    }
   }
 
   // ---- every server; each call blocks until all answered ------------------------------------
