@@ -304,16 +304,12 @@ inline std::shared_ptr<session> current(const std::string& call) {
 inline void init(const options& o = {}) {
   auto& sl = detail::slots::get();
   auto& mine = o.per_thread ? detail::slots::thread() : sl.process;
-  {
-    std::unique_lock lk(sl.m, std::defer_lock);
-    if (!o.per_thread) lk.lock();
-    if (mine && !mine->closed())
-      throw error(errc::invalid_argument, "kvstore: multiverso: init() twice (shutdown() first)");
-  }
-  auto s = std::make_shared<detail::session>(o);
+  // Held through the store's construction, so two threads cannot both init the process's worker.
   std::unique_lock lk(sl.m, std::defer_lock);
   if (!o.per_thread) lk.lock();
-  mine = std::move(s);
+  if (mine && !mine->closed())
+    throw error(errc::invalid_argument, "kvstore: multiverso: init() twice (shutdown() first)");
+  mine = std::make_shared<detail::session>(o);
 }
 
 /// Multiverso's MV_Barrier: waits for this worker's adds, then for every worker to reach it.
