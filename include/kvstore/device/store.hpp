@@ -416,15 +416,13 @@ class KVStore<device, T> {
     check_size("pushpull", e, v);
     check_size("pushpull", e, o);
     auto opt = impl_->current_optimizer();
-    auto st = std::make_shared<detail::op_state>(1);
-    impl_->submit(e, priority, st, "pushpull", impl_->may_inline(e, opt.get()),
-                  [impl = impl_.get(), ep = &e, v, o, opt](detail::device_ctx& c, int si,
-                                                           detail::rt::stream_t s) {
-                    detail::issue_push(*impl, *ep, c, si, s, std::span<const in_ref>(&v, 1),
-                                       opt.get());
-                    detail::issue_pull(*impl, *ep, s, std::span<const out_ref>(&o, 1));
-                  });
-    return op(std::move(st));
+    return one_part(e, priority, "pushpull", opt.get(),
+                    [impl = impl_.get(), ep = &e, v, o, opt](detail::device_ctx& c, int si,
+                                                             detail::rt::stream_t s) {
+                      detail::issue_push(*impl, *ep, c, si, s, std::span<const in_ref>(&v, 1),
+                                         opt.get());
+                      detail::issue_pull(*impl, *ep, s, std::span<const out_ref>(&o, 1));
+                    });
   }
 
   template <class In>
@@ -433,13 +431,11 @@ class KVStore<device, T> {
     const in_ref v = ref("push_rows", k, values);
     check_rows("push_rows", e, rows, v.size);
     auto opt = impl_->current_optimizer();
-    auto st = std::make_shared<detail::op_state>(1);
-    impl_->submit(e, priority, st, "push_rows", impl_->may_inline(e, opt.get()),
-                  [impl = impl_.get(), ep = &e, rows, v, opt](detail::device_ctx&, int,
-                                                              detail::rt::stream_t s) {
-                    detail::issue_push_rows(*impl, *ep, s, rows, v, opt.get());
-                  });
-    return op(std::move(st));
+    return one_part(e, priority, "push_rows", opt.get(),
+                    [impl = impl_.get(), ep = &e, rows, v, opt](detail::device_ctx&, int,
+                                                                detail::rt::stream_t s) {
+                      detail::issue_push_rows(*impl, *ep, s, rows, v, opt.get());
+                    });
   }
 
   template <class Out>
@@ -447,12 +443,19 @@ class KVStore<device, T> {
     auto& e = impl_->find("pull_rows", k);
     const out_ref o = ref("pull_rows", k, out);
     check_rows("pull_rows", e, rows, o.size);
-    auto st = std::make_shared<detail::op_state>(1);
-    impl_->submit(
-        e, priority, st, "pull_rows", impl_->may_inline(e, nullptr),
+    return one_part(
+        e, priority, "pull_rows", nullptr,
         [impl = impl_.get(), ep = &e, rows, o](detail::device_ctx&, int, detail::rt::stream_t s) {
           detail::issue_pull_rows(*impl, *ep, s, rows, o);
         });
+  }
+
+  // An op of one part on e's key (device/store_state.hpp's submit).
+  template <class W>
+  op one_part(entry& e, int priority, std::string_view call, const detail::device_optimizer<T>* opt,
+              W work) {
+    auto st = std::make_shared<detail::op_state>(1);
+    impl_->submit(e, priority, st, call, impl_->may_inline(e, opt), std::move(work));
     return op(std::move(st));
   }
 
