@@ -227,12 +227,13 @@ class KVStore<dist, T> {
   op push(key k, std::span<const device_span<const T>> values, int priority = 0) {
     if (values.empty()) fail(errc::invalid_argument, call_kind::push, k, "no values");
     record* m = find_on_devices(call_kind::push, k, values);
-    return submit_device_push(m, {values.begin(), values.end()}, priority);
+    return submit_device(m, std::vector<device_span<const T>>(values.begin(), values.end()),
+                         priority);
   }
   op push(std::span<const key> ks, std::span<const device_span<const T>> values, int priority = 0) {
     auto groups = device_groups(call_kind::push, "with", "values", ks, values);
     auto st = new_state(groups.size());
-    for (auto& [m, srcs] : groups) submit_device_push(m, std::move(srcs), priority, st);
+    for (auto& [m, srcs] : groups) submit_device(m, std::move(srcs), priority, st);
     return op(st);
   }
   op pull(key k, device_span<T> out, int priority = 0) {
@@ -245,12 +246,12 @@ class KVStore<dist, T> {
   op pull(key k, std::span<const device_span<T>> outs, int priority = 0) {
     if (outs.empty()) fail(errc::invalid_argument, call_kind::pull, k, "no outputs");
     record* m = find_on_devices(call_kind::pull, k, outs);
-    return submit_device_pull(m, {outs.begin(), outs.end()}, priority);
+    return submit_device(m, std::vector<device_span<T>>(outs.begin(), outs.end()), priority);
   }
   op pull(std::span<const key> ks, std::span<const device_span<T>> outs, int priority = 0) {
     auto groups = device_groups(call_kind::pull, "into", "outputs", ks, outs);
     auto st = new_state(groups.size());
-    for (auto& [m, o] : groups) submit_device_pull(m, std::move(o), priority, st);
+    for (auto& [m, o] : groups) submit_device(m, std::move(o), priority, st);
     return op(st);
   }
   /// Push then pull of one key as one op: `out` gets the value after this push.
@@ -575,21 +576,17 @@ class KVStore<dist, T> {
                                  std::span<const device_span<T>>(outs), priority, then);
                      });
   }
-  op submit_device_push(record* m, std::vector<device_span<const T>> srcs, int priority,
-                        std::shared_ptr<detail::op_state> st = nullptr) {
+  // One op part per key: a push (P const: gather_and_push) or a pull (pull_and_scatter).
+  template <class P>
+  op submit_device(record* m, std::vector<device_span<P>> bufs, int priority,
+                   std::shared_ptr<detail::op_state> st = nullptr) {
     return submit(
         m, priority,
-        [this, m, srcs = std::move(srcs), priority](auto done) {
-          gather_and_push(m, srcs, priority, std::move(done));
-        },
-        st);
-  }
-  op submit_device_pull(record* m, std::vector<device_span<T>> outs, int priority,
-                        std::shared_ptr<detail::op_state> st = nullptr) {
-    return submit(
-        m, priority,
-        [this, m, outs = std::move(outs), priority](auto done) {
-          pull_and_scatter(m, outs, priority, std::move(done));
+        [this, m, bufs = std::move(bufs), priority](auto done) {
+          if constexpr (std::is_const_v<P>)
+            gather_and_push(m, bufs, priority, std::move(done));
+          else
+            pull_and_scatter(m, bufs, priority, std::move(done));
         },
         st);
   }
