@@ -518,23 +518,32 @@ class KVStore<dist, T> {
   // ---- values on devices: the dist side (device/dist_bridge.hpp does the device work) -------
   using bridge = detail::dist_device_bridge<T>;
 
+  // Every use of the bridge starts with this assert, so a program without device.hpp gets its
+  // message before any other.
+  static constexpr bool device_hpp_included = requires { sizeof(bridge); };
+
   // The store's bridge, made on the first device call.
   bridge& device_bridge() {
-    static_assert(
-        requires { sizeof(bridge); },
-        "KVStore<dist> with device_span values: #include <kvstore/device.hpp>");
+    static_assert(device_hpp_included, "device_span values need #include <kvstore/device.hpp>");
     std::call_once(impl_->device_once, [&] { impl_->device = std::make_shared<bridge>(); });
     return *static_cast<bridge*>(impl_->device.get());
   }
+  // One device_span of key k (`total` elements), checked at the call.
+  template <class P>
+  static void check_device(call_kind call, const key& k, std::uint64_t total,
+                           const device_span<P>& s) {
+    static_assert(device_hpp_included, "device_span values need #include <kvstore/device.hpp>");
+    bridge::check(detail::call_name(call), k, total, s);
+  }
   std::vector<T> device_to_host(const key& k, const device_span<const T>& v) {
-    bridge::check("init", k, v.size, v);
+    check_device(call_kind::init, k, v.size, v);
     return device_bridge().to_host("init", k, v);
   }
   // The key's record, every buffer checked against it and its device.
   template <class P>
   record* find_on_devices(call_kind call, const key& k, std::span<const device_span<P>> bufs) {
     record* m = find(call, k, std::nullopt);
-    for (auto& b : bufs) bridge::check(detail::call_name(call), m->k, m->total, b);
+    for (auto& b : bufs) check_device(call, m->k, m->total, b);
     return m;
   }
   template <class P>
