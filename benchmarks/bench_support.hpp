@@ -105,17 +105,26 @@ inline void sum_part_any(float* d, std::span<const float* const> s, std::size_t 
 }  // namespace detail
 
 /// The STREAM-style baseline: d = srcs[0] + ... + srcs[k-1] (left to right), each of `threads`
-/// threads a contiguous part; a part is at least 64 Ki elements, so small sums run on the
-/// calling thread alone instead of paying for threads they cannot use.
+/// threads a contiguous part; a part is at least 64 Ki elements, so small sums run on one thread
+/// instead of paying for threads they cannot use. The threads are OpenMP's in a program built
+/// with it (device_bench's OMP build, whose store runs OpenMP loops too), else std::threads.
 inline void stream_sum(float* d, std::span<const float* const> srcs, std::size_t n,
                        unsigned threads) {
   const std::size_t parts =
       std::max<std::size_t>(1, std::min<std::size_t>(threads, n / (std::size_t{1} << 16)));
+  auto part = [&](std::size_t t) {
+    detail::sum_part_any(d, srcs, n * t / parts, n * (t + 1) / parts);
+  };
+#ifdef _OPENMP
+  const int nt = static_cast<int>(parts);
+#pragma omp parallel for num_threads(nt) schedule(static, 1)
+  for (std::size_t t = 0; t < parts; ++t) part(t);
+#else
   std::vector<std::thread> ts;
-  for (std::size_t t = 1; t < parts; ++t)
-    ts.emplace_back(detail::sum_part_any, d, srcs, n * t / parts, n * (t + 1) / parts);
-  detail::sum_part_any(d, srcs, 0, n / parts);
+  for (std::size_t t = 1; t < parts; ++t) ts.emplace_back(part, t);
+  part(0);
   for (auto& t : ts) t.join();
+#endif
 }
 
 }  // namespace bench
