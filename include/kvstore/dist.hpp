@@ -71,6 +71,7 @@ class KVStore<dist, T> {
                         "<kvstore/kvstore.hpp> or <kvstore/spmd.hpp>");
       detail::run_other_role(o);
     }
+    o.check_versions();
     impl_ = std::make_unique<impl>(o);
   }
   KVStore(const KVStore&) = delete;
@@ -185,6 +186,29 @@ class KVStore<dist, T> {
     return op(st);
   }
 
+  // ---- versions and bounded staleness ---------------------------------------------------------
+  /// A pull that each server answers once its slice of `k` reached o.min_version (see
+  /// version()), within request_timeout: a version not reached by then fails the op with an
+  /// error naming the key and the version. Under dist_options::staleness it also waits for
+  /// slower workers, as every pull does.
+  op pull(key k, std::span<T> out, pull_options o) {
+    record* m = find(call_kind::pull, k, out.size());
+    return submit(m, o.priority, [this, m, out, o](auto done) {
+      impl_->reqs.pull(*m, {out}, o.priority, std::move(done), o.min_version);
+    });
+  }
+
+  /// The version of `k` on its servers: sync rounds completed (dist_sync) or pushes applied
+  /// (dist_async), each push or round counted once even across a server restart. A key sliced
+  /// over several servers has the least of its slices' versions. Asked after this worker's
+  /// earlier ops on `k` are done, as a pull is. Throws unknown_key for a key never inited.
+  std::uint64_t version(key k) {
+    record* m = find(call_kind::version, k, std::nullopt);
+    auto v = std::make_shared<std::uint64_t>(0);
+    submit(m, 0, [this, m, v](auto done) { impl_->reqs.version(*m, v, std::move(done)); }).wait();
+    return *v;
+  }
+
   /// Push then pull of one key as one op: `out` gets the value after this push.
   op pushpull(key k, std::span<const T> value, std::span<T> out, int priority = 0) {
     record* m = find(call_kind::pushpull, k, value.size());
@@ -289,16 +313,17 @@ class KVStore<dist, T> {
   void wait_all() { impl_->eng.wait_all(); }
 
   // ---- optimizers ----------------------------------------------------------------------------
-  /// Sends the optimizer (registered name and parameters, never code) to every server; a
-  /// collective: rank 0 sends, then all workers meet at a barrier. The type must be registered
-  /// (KVSTORE_REGISTER_OPTIMIZER) in the servers' program too.
+  /// Sends the optimizer (registered name and parameters, never code) to every server and
+  /// returns once all have it. Not a collective: one worker alone (e.g. rank 0, as MXNet's
+  /// scripts do) or every worker may call it. The same type with new parameters keeps every
+  /// key's state (a learning-rate schedule is one call per epoch); another type starts fresh.
+  /// The type must be registered (KVSTORE_REGISTER_OPTIMIZER) in the servers' program too; the
+  /// built-ins sgd, adam, adagrad and add are everywhere.
   template <optim::registered_optimizer O>
   void set_optimizer(const O& o) {
     wait_all();
     auto u = optim::make_updater<T>(o);
-    if (rank() == 0) impl_->reqs.set_optimizer(u.name, u.params);
-    impl_->opt_name = u.name;
-    barrier();
+    impl_->reqs.set_optimizer(u.name, u.params);
   }
   template <class F>
   requires(!optim::registered_optimizer<std::remove_cvref_t<F>>) void set_optimizer(F&&) {
@@ -308,18 +333,33 @@ class KVStore<dist, T> {
                   "serialize, and KVSTORE_REGISTER_OPTIMIZER it");
   }
 
+  /// Scales the learning rate and weight decay of `k`'s updates on the servers (MXNet's lr_mult
+  /// and wd_mult): the built-in optimizers use learning_rate * lr_mult and weight_decay * wd_mult
+  /// for this key. Applies to ops issued after it (it waits for the key's ops in flight and for
+  /// every server holding the key). Throws unknown_key, invalid_argument (not finite).
+  void set_key_options(key k, const key_options& o) {
+    detail::check_multipliers("set_key_options", k, o.lr_mult, o.wd_mult);
+    record* m = find(call_kind::set_key_options, k, std::nullopt);
+    wait(k);
+    impl_->reqs.set_key_options(*m, o.lr_mult, o.wd_mult);
+  }
+
   /// Gathers every server's optimizer states into one file (written atomically), in the same
-  /// format as the local store's.
+  /// format as the local store's, named for the servers' optimizer (whichever worker set it).
   void save_optimizer_states(const std::filesystem::path& path) {
     wait_all();
-    optim::save_states<T>(path, impl_->opt_name, impl_->reqs.save_states(lookup()));
+    std::string optimizer;
+    auto states = impl_->reqs.save_states(lookup(), optimizer);
+    optim::save_states<T>(path, optimizer, states);
   }
 
   /// Reads a file saved by save_optimizer_states (local or dist) and gives each server its part.
-  /// The file is checked whole before any server changes.
+  /// The file is checked whole before any server changes; a server whose optimizer is not the
+  /// one the file was saved for refuses it (invalid_argument, naming both).
   void load_optimizer_states(const std::filesystem::path& path) {
     wait_all();
-    auto loaded = optim::load_states<T>(path, impl_->opt_name);
+    std::string optimizer;
+    auto loaded = optim::load_states_any<T>(path, optimizer);
     for (auto& [id, ks] : loaded) {
       const record* m = lookup()(id);
       const key shown = ks.name.empty() ? key(static_cast<std::int64_t>(id)) : key(ks.name);
@@ -331,7 +371,7 @@ class KVStore<dist, T> {
           fail(errc::size_mismatch, call_kind::load_optimizer_states, shown,
                "saved state does not match the key's size");
     }
-    impl_->reqs.load_states(loaded, lookup());
+    impl_->reqs.load_states(loaded, lookup(), optimizer);
   }
 
   // ---- the cluster ---------------------------------------------------------------------------
@@ -399,7 +439,6 @@ class KVStore<dist, T> {
     detail::requests<T> reqs;
     detail::engine eng;  // destroyed before the client: no op outlives the network
     detail::key_table keys;
-    std::string opt_name;
     std::atomic<bool> left{false};
     // The device work of device_span calls (device/dist_bridge.hpp), made on the first one.
     // Last: destroyed first, its completions drained while the engine and client still exist.

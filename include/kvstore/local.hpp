@@ -52,7 +52,10 @@ struct local_entry {
   optim::state<T> state;
   /// The optimizer generation `state` belongs to; an update by another one starts fresh.
   std::uint64_t state_gen = 0;
-  std::vector<T> scratch;  ///< summed gradients, summed duplicate rows
+  /// The key's learning-rate and weight-decay multipliers (set_key_options).
+  optim::multipliers mult;
+  std::vector<T> scratch;    ///< summed gradients, summed duplicate rows
+  std::uint64_t pushes = 0;  ///< pushes applied: the key's version
 
   std::size_t rows() const noexcept { return row_length ? size / row_length : 0; }
 };
@@ -289,6 +292,17 @@ class KVStore<local, T> {
     return op(std::move(st));
   }
 
+  // ---- versions (an addition to the contract: SINGA's param versions) ------------------------
+
+  /// Pushes applied to `k` (push, push_rows, pushpull: one each, whatever the number of values
+  /// summed), after every op issued on `k` before this call. Throws: unknown_key.
+  std::uint64_t version(key k) {
+    auto& e = find("version", k);
+    impl_->eng.wait_key(e.k.id());
+    std::lock_guard lk(e.m);
+    return e.pushes;
+  }
+
   // ---- waiting -------------------------------------------------------------------------------
 
   /// Returns once every op issued on `k` before this call is done (a key never used: at once).
@@ -299,9 +313,10 @@ class KVStore<local, T> {
 
   // ---- optimizers ----------------------------------------------------------------------------
 
-  /// Sets a registered optimizer (optim::sgd, optim::adam, optim::adagrad, or any type meeting
-  /// optim::registered_optimizer). Waits for every op in flight first; the optimizer state of
-  /// every key starts fresh. Later pushes are gradients.
+  /// Sets a registered optimizer (optim::sgd, optim::adam, optim::adagrad, optim::add, or any type
+  /// meeting optim::registered_optimizer). Waits for every op in flight first. The same type
+  /// again (new parameters: a learning-rate schedule) keeps every key's state (momentum, moments,
+  /// step count); another type starts fresh. Later pushes are gradients.
   template <optim::registered_optimizer O>
   void set_optimizer(const O& o) {
     install(optim::make_updater<T>(o));
@@ -309,7 +324,8 @@ class KVStore<local, T> {
 
   /// Sets a callable `(kvstore::key, std::span<const T> grad, std::span<T> weight)` as the
   /// optimizer (local mode only; it has no state to save). It may be called from several engine
-  /// threads at once for different keys, never twice at once for one key. Waits as above.
+  /// threads at once for different keys, never twice at once for one key. Waits as above; states
+  /// start fresh.
   template <class F>
   requires(!optim::registered_optimizer<std::remove_cvref_t<F>> &&
            optim::callable_optimizer<std::remove_cvref_t<F>, T>) void set_optimizer(F&& f) {
@@ -321,6 +337,18 @@ class KVStore<local, T> {
   void set_optimizer(optim::updater<T> u) {
     if (!u) throw error(errc::invalid_argument, "kvstore: set_optimizer: empty updater");
     install(std::move(u));
+  }
+
+  /// Scales the learning rate and weight decay of `k`'s updates (MXNet's lr_mult and wd_mult):
+  /// the built-in optimizers use learning_rate * lr_mult and weight_decay * wd_mult for this key.
+  /// Applies to ops issued after it (it waits for the key's ops in flight). Throws unknown_key,
+  /// invalid_argument (a multiplier that is not finite).
+  void set_key_options(key k, const key_options& o) {
+    detail::check_multipliers("set_key_options", k, o.lr_mult, o.wd_mult);
+    entry& e = find("set_key_options", k);
+    wait(k);
+    std::lock_guard lk(e.m);
+    e.mult = {o.lr_mult, o.wd_mult};
   }
 
   /// Writes every key's optimizer state to `path` (atomically: the old file stays whole if this
@@ -502,6 +530,7 @@ class KVStore<local, T> {
   static void push_task(detail::local_impl<T>& impl, entry& e,
                         const std::vector<std::span<const T>>& srcs,
                         const detail::local_optimizer<T>* opt) {
+    ++e.pushes;
     if (!opt) {
       impl.sum(e.value, srcs);
       return;
@@ -512,13 +541,14 @@ class KVStore<local, T> {
       impl.sum(e.scratch, srcs);
       grad = e.scratch;
     }
-    opt->u.apply(e.k, grad, e.value, state_for(e, *opt));
+    opt->u.apply(e.k, grad, e.value, state_for(e, *opt), e.mult);
   }
 
   // Runs in the key's task, e.m held. Rows are taken in ascending order; a row named several
   // times is the sum of its values in the order given.
   static void push_rows_task(entry& e, std::span<const std::int64_t> rows,
                              std::span<const T> values, const detail::local_optimizer<T>* opt) {
+    ++e.pushes;
     const std::size_t rl = e.row_length;
     std::vector<std::size_t> order(rows.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
@@ -546,7 +576,7 @@ class KVStore<local, T> {
       }
       std::span<T> w(e.value.data() + row * rl, rl);
       if (opt)
-        opt->u.fn(e.k, grad, w, optim::updater<T>::view(*st, row * rl, rl));
+        opt->u.fn(e.k, grad, w, optim::updater<T>::view(*st, row * rl, rl, e.mult));
       else
         std::copy(grad.begin(), grad.end(), w.begin());
       i = j;
@@ -556,8 +586,12 @@ class KVStore<local, T> {
   void install(optim::updater<T> u) {
     impl_->eng.wait_all();
     std::unique_lock lk(impl_->m);
+    // The same registered type keeps the states' generation, so they carry on with the new
+    // parameters; a callable or another type starts a new one.
+    const bool same = impl_->opt && !u.name.empty() && impl_->opt->u.name == u.name;
+    const std::uint64_t gen = same ? impl_->opt->gen : ++impl_->generation;
     impl_->opt = std::make_shared<const detail::local_optimizer<T>>(
-        detail::local_optimizer<T>{std::move(u), ++impl_->generation});
+        detail::local_optimizer<T>{std::move(u), gen});
   }
 
   std::unique_ptr<detail::local_impl<T>> impl_;

@@ -168,6 +168,29 @@ struct dist_options {
   /// or the scheduler stops reading that peer's requests until it reads its answers
   /// (back-pressure), so a peer that never reads cannot grow a server. KVSTORE_MAX_QUEUED_BYTES.
   std::size_t max_queued_bytes = std::size_t{64} << 20;
+  // Versions and bounded staleness.
+  /// dist_async only: a worker's pull of a key waits until every worker still in the group
+  /// (not left, not dead) has pushed that key at least (this worker's own pushes of it) -
+  /// staleness times; 0: every read sees all workers' pushes up to its own count. nullopt:
+  /// unbounded (the default, plain async). In dist_sync every push already waits for its round,
+  /// so no worker is ever ahead and staleness changes nothing. Servers apply it, so the job's
+  /// servers and workers must agree (as on KVSTORE_TYPE). KVSTORE_STALENESS=N|unbounded.
+  std::optional<std::uint64_t> staleness;
+  /// The most pulls of one worker a server holds at once, waiting for a version
+  /// (pull_options::min_version) or for slower workers (staleness); more are refused with an
+  /// error. Their row lists (pull_rows) count against max_queued_bytes. KVSTORE_MAX_HELD_PULLS.
+  std::size_t max_held_pulls = 4096;
+  /// Throws kvstore::error naming the option whose value cannot be right (a staleness above
+  /// 2^63: a negative number converted to unsigned).
+  void check_versions() const {
+    if (staleness && *staleness > static_cast<std::uint64_t>(INT64_MAX))
+      throw error(errc::invalid_argument,
+                  "dist_options::staleness = " + std::to_string(*staleness) +
+                      " is not a count of pushes (a negative value converted to unsigned?)");
+    if (max_held_pulls == 0)
+      throw error(errc::invalid_argument, "dist_options::max_held_pulls is 0");
+  }
+
   /// Engine threads of a worker; 0 = the number of cores.
   unsigned threads = 0;
   /// Barrier with all workers when the store is destroyed.
@@ -225,6 +248,8 @@ struct dist_options {
  private:
   // Role, sizes and scheduler from a launcher's rank when no role was given.
   void apply_launcher_env();
+  // KVSTORE_STALENESS.
+  void apply_staleness_env();
 };
 
 }  // namespace kvstore

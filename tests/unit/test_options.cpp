@@ -43,6 +43,8 @@ constexpr const char* all_vars[] = {"KVSTORE_ROLE",
                                     "KVSTORE_BARRIER_TIMEOUT_MS",
                                     "KVSTORE_HEARTBEAT_MS",
                                     "KVSTORE_DEAD_TIMEOUT_MS",
+                                    "KVSTORE_STALENESS",
+                                    "KVSTORE_MAX_HELD_PULLS",
                                     "DMLC_ROLE",
                                     "DMLC_PS_ROOT_URI",
                                     "DMLC_PS_ROOT_PORT",
@@ -472,4 +474,44 @@ TEST_CASE("a launcher's job too small, or sizes that disagree with it") {
   CHECK(dist_options::from_env().num_workers == 1);
   g.set("KVSTORE_NUM_WORKERS", "2");
   check_error_names("KVSTORE_NUM_WORKERS");
+}
+
+TEST_CASE("KVSTORE_STALENESS: a count of pushes or unbounded; negative or junk names it") {
+  env_guard g;
+  CHECK_FALSE(dist_options::from_env().staleness.has_value());  // default: unbounded
+  g.set("KVSTORE_STALENESS", "0");
+  CHECK(dist_options::from_env().staleness == std::optional<std::uint64_t>(0));
+  g.set("KVSTORE_STALENESS", "3");
+  CHECK(dist_options::from_env().staleness == std::optional<std::uint64_t>(3));
+  g.set("KVSTORE_STALENESS", "unbounded");
+  CHECK_FALSE(dist_options::from_env().staleness.has_value());
+  for (const char* v :
+       {"-1", "+1", " 1", "1.5", "two", "9223372036854775808", "99999999999999999999999"}) {
+    CAPTURE(std::string(v));
+    g.set("KVSTORE_STALENESS", v);
+    check_error_names("KVSTORE_STALENESS");
+  }
+  g.unset("KVSTORE_STALENESS");
+  g.set("KVSTORE_MAX_HELD_PULLS", "16");
+  CHECK(dist_options::from_env().max_held_pulls == 16);
+  g.set("KVSTORE_MAX_HELD_PULLS", "0");
+  check_error_names("KVSTORE_MAX_HELD_PULLS");
+}
+
+TEST_CASE("dist_options::check_versions: a converted negative staleness names the option") {
+  dist_options o;
+  CHECK_NOTHROW(o.check_versions());
+  o.staleness = 0;
+  CHECK_NOTHROW(o.check_versions());
+  o.staleness = static_cast<std::uint64_t>(-1);
+  try {
+    o.check_versions();
+    FAIL("no error");
+  } catch (const kvstore::error& e) {
+    CHECK(e.code() == kvstore::make_error_code(kvstore::errc::invalid_argument));
+    CHECK(std::string(e.what()).find("staleness") != std::string::npos);
+  }
+  o.staleness.reset();
+  o.max_held_pulls = 0;
+  CHECK_THROWS_AS(o.check_versions(), kvstore::error);
 }

@@ -43,6 +43,8 @@ class worker_client final : public transport::frame_handler {
     std::size_t elem = 0;
     std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
     std::function<void(const wire::header&, std::span<const std::byte>)> on_response;
+    /// Sees the text of a successful response (what a server names in it), before on_response.
+    std::function<void(std::string_view)> on_text;
     std::chrono::milliseconds timeout{0};
     // set by send()
     std::vector<transport::out_frame> frames;  // kept while a server restart may need a re-send
@@ -348,6 +350,7 @@ class worker_client final : public transport::frame_handler {
               std::make_exception_ptr(error(code, r->what.str() + ": " + meta)));
         }
         try {
+          if (r->on_text) r->on_text(meta);
           if (r->on_response) r->on_response(h, payload);
         } catch (...) {
           return r->done->complete_part(std::current_exception());

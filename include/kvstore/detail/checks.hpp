@@ -5,6 +5,7 @@
 #include <kvstore/error.hpp>
 #include <kvstore/key.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -48,6 +49,14 @@ inline void check_size(std::string_view call, const key& k, std::uint64_t total,
     fail(errc::size_mismatch, call, k,
          std::string(where) + "size " + std::to_string(n) + " does not match the key's size " +
              std::to_string(total));
+}
+
+/// A key's multipliers of the learning rate and weight decay (set_key_options): finite numbers.
+inline void check_multipliers(std::string_view call, const key& k, double lr_mult, double wd_mult) {
+  if (!std::isfinite(lr_mult) || !std::isfinite(wd_mult))
+    fail(errc::invalid_argument, call, k,
+         "lr_mult " + std::to_string(lr_mult) + " and wd_mult " + std::to_string(wd_mult) +
+             " must be finite");
 }
 
 /// The first value of a matrix key: whole rows of row_length.

@@ -86,6 +86,8 @@ inline void dist_options::apply_env() {
   count("KVSTORE_MAX_QUEUED_BYTES", max_queued_bytes);
   count("KVSTORE_MAX_CONNECTIONS", max_connections);
   count("KVSTORE_MAX_PENDING_CONNECTIONS", max_pending_connections);
+  count("KVSTORE_MAX_HELD_PULLS", max_held_pulls);
+  apply_staleness_env();
   if (auto v = env::first_of("KVSTORE_AUTH_BIND_ADDRESS")) {
     if (*v != "0" && *v != "1")
       throw error(errc::invalid_argument,
@@ -120,6 +122,25 @@ inline void dist_options::apply_env() {
   if (auto v = env::first_of("KVSTORE_BIND")) bind_host = *v;
   if (auto v = env::first_of("KVSTORE_ADVERTISE")) advertise_host = *v;
   if (!role_given) apply_launcher_env();
+}
+
+// KVSTORE_STALENESS: a non-negative count of pushes, or "unbounded".
+inline void dist_options::apply_staleness_env() {
+  auto v = detail::env::first_of("KVSTORE_STALENESS");
+  if (!v) return;
+  if (*v == "unbounded") {
+    staleness.reset();
+    return;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const auto x = std::strtoull(v->c_str(), &end, 10);
+  if (v->empty() || (*v)[0] < '0' || (*v)[0] > '9' || *end != '\0' || errno == ERANGE ||
+      x > static_cast<unsigned long long>(std::numeric_limits<std::int64_t>::max()))
+    throw error(
+        errc::invalid_argument,
+        "KVSTORE_STALENESS=\"" + *v + "\": expected a non-negative number of pushes, or unbounded");
+  staleness = static_cast<std::uint64_t>(x);
 }
 
 inline void dist_options::apply_launcher_env() {

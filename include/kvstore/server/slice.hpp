@@ -90,6 +90,8 @@ struct key_slice : wire::slice_header {
 
   optim::state<float> st_f;
   optim::state<double> st_d;
+  /// The key's learning-rate and weight-decay multipliers (set_key_options).
+  optim::multipliers mult;
   /// The optimizer state of element type T.
   template <class T>
   optim::state<T>& state() {

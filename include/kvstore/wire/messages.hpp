@@ -11,7 +11,9 @@
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/meta.hpp>
 
+#include <bit>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -289,6 +291,34 @@ inline optimizer_spec decode_optimizer(std::string_view s) {
     if (m.name.size() > max_optimizer_name_len)
       detail::bad(what, "optimizer name of " + std::to_string(m.name.size()) + " bytes");
     m.params = r.str();
+    detail::expect_done(r, what);
+    return m;
+  });
+}
+
+// ---- key_options metadata: worker -> server -------------------------------------------------
+// f64 lr_mult | f64 wd_mult (IEEE bits as u64): a key's multipliers of the learning rate and
+// weight decay (set_key_options), finite
+
+struct key_multipliers {
+  double lr_mult = 1, wd_mult = 1;
+};
+
+inline std::string encode_key_multipliers(const key_multipliers& m) {
+  meta_writer w;
+  w.u64(std::bit_cast<std::uint64_t>(m.lr_mult)).u64(std::bit_cast<std::uint64_t>(m.wd_mult));
+  return w.take();
+}
+
+inline key_multipliers decode_key_multipliers(std::string_view s) {
+  static constexpr const char* what = "key_options";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    key_multipliers m;
+    m.lr_mult = std::bit_cast<double>(r.u64());
+    m.wd_mult = std::bit_cast<double>(r.u64());
+    if (!std::isfinite(m.lr_mult) || !std::isfinite(m.wd_mult))
+      detail::bad(what, "a multiplier that is not finite");
     detail::expect_done(r, what);
     return m;
   });
