@@ -8,7 +8,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
-#include "support/helpers.hpp"  // expect_error, vectors printed in failed checks
+#include "../support/helpers.hpp"  // expect_error, vectors printed in failed checks
 
 #include <cstdio>
 #include <initializer_list>

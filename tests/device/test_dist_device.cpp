@@ -7,7 +7,7 @@
 
 #include "device_test_support.hpp"
 
-#include "support/cluster.hpp"
+#include "../support/cluster.hpp"
 
 #include <array>
 #include <cstddef>
