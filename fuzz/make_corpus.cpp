@@ -78,6 +78,12 @@ void frames() {
   bad[23] = 1;  // huge payload
   put("frame", "huge", bad);
   put("frame", "short", ok.substr(0, 40));
+  wire::header r = h;
+  r.flags = wire::flag_range | wire::flag_last;
+  r.offset = 2;
+  r.meta_len = 16;
+  auto rb = wire::encode(r);
+  put("frame", "push-range", std::string(reinterpret_cast<const char*>(rb.data()), rb.size()));
   wire::header v = hdr(wire::cmd::version, 3, 9);
   v.type = wire::dtype::f32;
   v.total = 4;
@@ -172,6 +178,9 @@ void messages() {
   inf[7] = char(0x7f);  // lr_mult's exponent all ones: not finite
   inf[6] = char(0xf0);
   put("messages", "key-options-inf", m(7, inf));
+  put("messages", "range", m(8, wire::encode_range({3, 5})));
+  put("messages", "range-empty", m(8, wire::encode_range({3, 0})));
+  put("messages", "range-wraps", m(8, wire::encode_range({~std::uint64_t{0} - 1, 5})));
 }
 
 template <class T>
@@ -259,6 +268,30 @@ void server_frames() {
       std::string(1, '\6') + base + frame(hdr(wire::cmd::leave, 0, 10)) +
           frame(hdr(wire::cmd::bye, 0, 11)));
   put("server", "no-hello", std::string(1, '\0') + base);
+  // Range frames (push_range / pull_range): a push of [1, 3) in two frames, a pull of [1, 4), and
+  // ones that leave the slice or their range.
+  wire::header rpush = push;
+  rpush.flags = wire::flag_range;
+  rpush.offset = 1;
+  rpush.aux = 12;
+  wire::header rpush_last = rpush;
+  rpush_last.offset = 2;
+  rpush_last.flags = wire::flag_range | wire::flag_last;
+  wire::header rpull = pull;
+  rpull.flags = wire::flag_range;
+  rpull.offset = 1;
+  const std::string ranges = frame(init, meta, floats({1, 2, 3, 4})) +
+                             frame(rpush, wire::encode_range({1, 2}), floats({5})) +
+                             frame(rpush_last, wire::encode_range({1, 2}), floats({6})) +
+                             frame(rpull, wire::encode_range({1, 3}));
+  put("server", "range", std::string(1, '\4') + ranges);
+  put("server", "range-async",
+      std::string(1, '\5') + ranges + frame(rpull, wire::encode_range({0, 4})));
+  put("server", "range-outside",
+      std::string(1, '\4') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(rpull, wire::encode_range({2, 5})) +
+          frame(rpush_last, wire::encode_range({0, 1}), floats({7})) +
+          frame(rpull, wire::encode_range({1, 0})));
   versions(init, meta, rinit, prow, qrow);
 }
 

@@ -292,6 +292,51 @@ class KVStore<local, T> {
     return op(std::move(st));
   }
 
+  // ---- placement and element ranges ---------------------------------------------------------
+
+  /// (start, length) of key k's elements on server `server`: one process is server 0 and holds
+  /// (0, size). Throws unknown_key, invalid_argument (a server other than 0).
+  std::pair<std::size_t, std::size_t> slice_of(key k, int server) const {
+    auto& e = find("slice_of", k);
+    if (server != 0)
+      detail::fail(
+          errc::invalid_argument, "slice_of", k,
+          "server " + std::to_string(server) + " is out of range (a local store is one server, 0)");
+    return {0, e.size};
+  }
+
+  /// Pushes elements [offset, offset + values.size()) of the key: stored, or with an optimizer
+  /// the gradient of those elements only (the key's step count advances once). Throws
+  /// unknown_key, invalid_argument (an empty range), size_mismatch (past the key's end), naming
+  /// the key and the range. Done once the store has taken them.
+  op push_range(key k, std::size_t offset, std::span<const T> values, int priority = 0) {
+    auto& e = find_range("push_range", k, offset, values.size());
+    auto opt = current_optimizer();
+    auto st = std::make_shared<detail::op_state>(1);
+    impl_->eng.submit_sync(
+        e.k.id(), priority,
+        [ep = &e, offset, values, opt] {
+          std::lock_guard lk(ep->m);
+          push_range_task(*ep, offset, values, opt.get());
+        },
+        st, impl_->run_inline(values.size(), opt.get()));
+    return op(std::move(st));
+  }
+
+  /// Copies elements [offset, offset + out.size()) of the key into `out`. Throws as push_range.
+  op pull_range(key k, std::size_t offset, std::span<T> out, int priority = 0) {
+    auto& e = find_range("pull_range", k, offset, out.size());
+    auto st = std::make_shared<detail::op_state>(1);
+    impl_->eng.submit_sync(
+        e.k.id(), priority,
+        [ep = &e, offset, out] {
+          std::lock_guard lk(ep->m);
+          std::copy_n(ep->value.data() + offset, out.size(), out.data());
+        },
+        st, impl_->run_inline(out.size()));
+    return op(std::move(st));
+  }
+
   // ---- versions (an addition to the contract: SINGA's param versions) ------------------------
 
   /// Pushes applied to `k` (push, push_rows, pushpull: one each, whatever the number of values
@@ -441,6 +486,16 @@ class KVStore<local, T> {
     std::shared_lock lk(impl_->m);
     return find_locked(call, k);
   }
+  // The entry of `k` for a range call, the range checked: errors name the key and the range.
+  entry& find_range(std::string_view call, const key& k, std::size_t offset, std::size_t n) const {
+    std::shared_lock lk(impl_->m);
+    if (!impl_->keys.count(k.id()))
+      detail::fail(errc::unknown_key, call, k,
+                   "never inited (elements " + detail::range_str(offset, n) + ")");
+    entry& e = find_locked(call, k);
+    detail::check_range(call, e.k, e.size, offset, n);
+    return e;
+  }
   static void check_same_name(std::string_view call, const key& have, const key& k) {
     detail::check_same_name(call, have, k);
   }
@@ -581,6 +636,21 @@ class KVStore<local, T> {
         std::copy(grad.begin(), grad.end(), w.begin());
       i = j;
     }
+  }
+
+  // Runs in the key's task, e.m held.
+  static void push_range_task(entry& e, std::size_t offset, std::span<const T> values,
+                              const detail::local_optimizer<T>* opt) {
+    ++e.pushes;  // a push of some elements: one version
+    std::span<T> w(e.value.data() + offset, values.size());
+    if (!opt) {
+      std::copy(values.begin(), values.end(), w.begin());
+      return;
+    }
+    auto& st = state_for(e, *opt);
+    opt->u.ensure_state(st, e.size);
+    ++st.step;
+    opt->u.fn(e.k, values, w, optim::updater<T>::view(st, offset, values.size(), e.mult));
   }
 
   void install(optim::updater<T> u) {

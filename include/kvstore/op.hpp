@@ -88,6 +88,7 @@ class op {
   template <class F>
   op then(F f) const {
     auto next = std::make_shared<detail::op_state>(1);
+    if (s_) next->spin_us = s_->spin_us;  // waits on it like on this one
     auto run = [next, f = std::move(f)](std::exception_ptr e) mutable {
       try {
         f(e);

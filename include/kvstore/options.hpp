@@ -147,6 +147,16 @@ struct dist_options {
   /// re-sent once it is back. 0: fail them at once.
   std::chrono::milliseconds server_restart_wait{0};
 
+  /// Colocated servers (BigDL's layout): every worker process also serves one shard on its own
+  /// threads, its server rank equal to its worker rank, so the job has as many servers as workers
+  /// and no server processes. A worker process that dies takes its shard with it.
+  /// KVSTORE_COLOCATED=1; kv_launch --colocated; under a launcher (mpirun, srun, torchrun) every
+  /// process is then a worker and rank 0 also runs the scheduler. See resolve_colocated().
+  bool colocated = false;
+  /// With colocated: this worker process also runs the job's scheduler on its own thread, at
+  /// scheduler_host:scheduler_port (set for rank 0 of a colocated launch under a launcher).
+  bool colocated_scheduler = false;
+
   /// Values above this many bytes are sliced evenly over all servers.
   std::size_t slice_bytes = std::size_t{1} << 20;
   /// Payloads are sent in frames of at most this many bytes, so a later high-priority message
@@ -215,6 +225,26 @@ struct dist_options {
     return s;
   }
 
+  /// With colocated, the job's server count is its worker count: num_servers left at its default
+  /// (1) becomes num_workers; another value that differs is kvstore::error(invalid_argument)
+  /// naming both, and so is a server role (the servers run inside the workers). Nothing without
+  /// colocated. from_env() and KVStore<dist> call it.
+  void resolve_colocated() {
+    if (!colocated) return;
+    if (role == kvstore::role::server)
+      throw error(errc::invalid_argument,
+                  "colocated (KVSTORE_COLOCATED=1): every worker serves its own shard, so the job "
+                  "has no server processes, but this process's role is server");
+    if (num_servers == num_workers) return;
+    if (num_servers != 1)
+      throw error(errc::invalid_argument,
+                  "colocated (KVSTORE_COLOCATED=1): a job of " + std::to_string(num_workers) +
+                      " workers has " + std::to_string(num_workers) +
+                      " servers, one in each worker, but num_servers (KVSTORE_NUM_SERVERS) is " +
+                      std::to_string(num_servers));
+    num_servers = num_workers;
+  }
+
   /// "dist_sync" or "dist_async".
   std::string type_name() const { return sync ? "dist_sync" : "dist_async"; }
 
@@ -236,7 +266,9 @@ struct dist_options {
   ///     PMI_RANK/SIZE (MPICH, Slurm PMI), SLURM_PROCID/NTASKS, RANK/WORLD_SIZE (torchrun).
   ///     Rank 0 is the scheduler, the next num_servers ranks servers, the rest workers; the
   ///     scheduler is MASTER_ADDR:MASTER_PORT, else the first host of SLURM_JOB_NODELIST,
-  ///     else 127.0.0.1:9091, unless KVSTORE_SCHEDULER / DMLC_PS_ROOT_* say otherwise.
+  ///     else 127.0.0.1:9091, unless KVSTORE_SCHEDULER / DMLC_PS_ROOT_* say otherwise. With
+  ///     KVSTORE_COLOCATED=1 every rank is a worker (rank = launcher rank) and rank 0 also runs
+  ///     the scheduler.
   void apply_env();
 
   /// The rank and size a launcher gave this process (mpirun, srun, torchrun), if any.
@@ -248,6 +280,12 @@ struct dist_options {
  private:
   // Role, sizes and scheduler from a launcher's rank when no role was given.
   void apply_launcher_env();
+  // The same for a colocated job: every rank a worker, rank 0 also the scheduler.
+  void apply_colocated_launcher(const launcher_rank& l);
+  // The scheduler's address under a launcher (MASTER_ADDR, the Slurm node list).
+  void apply_launcher_scheduler();
+  // KVSTORE_COLOCATED's server count against the one the environment gave, if any.
+  void apply_colocated_env();
   // KVSTORE_STALENESS.
   void apply_staleness_env();
 };

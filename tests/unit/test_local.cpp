@@ -729,3 +729,43 @@ TEST_CASE("version: pushes applied to the key, after the ops issued on it before
   CHECK(kv.version(1) == 4);
   expect_error([&] { (void)kv.version(9); }, errc::unknown_key, "key 9");
 }
+
+TEST_CASE(
+    "element ranges: slice_of is the whole key on server 0; push_range stores or updates "
+    "only its elements; pull_range reads them" *
+    doctest::timeout(60)) {
+  store kv;
+  std::vector<float> init{0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  kv.init(4, init);
+  CHECK(kv.slice_of(4, 0) == std::pair<std::size_t, std::size_t>{0, 10});
+  expect_error([&] { (void)kv.slice_of(4, 1); }, errc::invalid_argument, "server 1");
+  expect_error([&] { (void)kv.slice_of(5, 0); }, errc::unknown_key, "key 5");
+
+  std::vector<float> v{10, 20, 30};
+  kv.push_range(4, 7, v).wait();
+  std::vector<float> mid(4);
+  kv.pull_range(4, 6, mid).wait();
+  CHECK(mid == std::vector<float>{6, 10, 20, 30});
+  std::vector<float> all(10);
+  kv.pull(4, all).wait();
+  CHECK(all == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 10, 20, 30});
+
+  // With sgd (lr 0.5, momentum 0.5): the momentum slot of the range's elements only.
+  kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.5, .momentum = 0.5});
+  std::vector<float> g{2, 4};
+  kv.push_range(4, 1, g).wait();
+  kv.push_range(4, 1, g).wait();
+  kv.pull(4, all).wait();
+  // step 1: mom = -1, -2; w = 0, 0. step 2: mom = -0.5 - 1 = -1.5, -1 - 2 = -3; w = -1.5, -3.
+  CHECK(all == std::vector<float>{0, 1 - 1 - 1.5f, 2 - 2 - 3, 3, 4, 5, 6, 10, 20, 30});
+
+  // Bad ranges: errors naming the key and the range; nothing changes.
+  std::vector<float> three(3), none;
+  expect_error([&] { kv.push_range(4, 8, three); }, errc::size_mismatch, "[8, 11)");
+  expect_error([&] { kv.pull_range(4, 11, three); }, errc::size_mismatch, "key 4");
+  expect_error([&] { kv.push_range(4, 2, none); }, errc::invalid_argument, "empty range");
+  expect_error([&] { kv.pull_range(9, 0, three); }, errc::unknown_key, "[0, 3)");
+  std::vector<float> again(10);
+  kv.pull(4, again).wait();
+  CHECK(again == all);
+}

@@ -1102,3 +1102,157 @@ TEST_CASE("snapshots keep versions; an async snapshot from before versions recov
   CHECK(error_of([&] { wire::decode_snapshot(wire::encode_snapshot(with_bad), "test"); }) ==
         errc::bad_file);
 }
+
+// ---- element ranges (flag_range): push_range / pull_range's frames ---------------------------
+
+namespace {
+
+/// One frame of a range push: elements [offset, offset + v.size()) of the range [lo, lo + len).
+void push_range(fixture& f, int rank, std::uint64_t key, const std::vector<float>& v,
+                std::uint64_t offset, std::uint64_t total, std::uint64_t lo, std::uint64_t len,
+                std::uint64_t seq = 0, bool last = true) {
+  wire::header h = f.push_header(key, offset, v.size(), total, seq, last);
+  h.flags |= wire::flag_range;
+  f.sh.handle(rank, f.port(rank), h, wire::encode_range({lo, len}), bytes_of(v));
+}
+
+/// A range pull's answer, put together from its data frames: offsets count from the range's
+/// first element, every frame is flagged flag_range, the last flag_last.
+std::vector<float> pull_range(fixture& f, std::uint64_t key, std::uint64_t total, std::uint64_t lo,
+                              std::uint64_t len) {
+  wire::header h;
+  h.command = wire::cmd::pull;
+  h.flags = wire::flag_range;
+  h.key = key;
+  h.req_id = ++f.req;
+  h.type = wire::dtype::f32;
+  h.total = total;
+  h.offset = lo;
+  auto& g = f.got(0);
+  g.clear();
+  f.sh.handle(0, f.port(0), h, wire::encode_range({lo, len}), {});
+  std::vector<float> out;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    REQUIRE(g[i].data);
+    CHECK(g[i].h.req_id == h.req_id);
+    CHECK(g[i].h.offset == out.size());
+    CHECK((g[i].h.flags & wire::flag_range) != 0);
+    CHECK(((g[i].h.flags & wire::flag_last) != 0) == (i + 1 == g.size()));
+    out.insert(out.end(), g[i].values.begin(), g[i].values.end());
+  }
+  g.clear();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a sync round of ranges: each counts as its worker's push; elements no one wrote keep "
+    "their value; an optimizer updates only the written ones, one step" *
+    doctest::timeout(10)) {
+  fixture f(2);
+  f.init_all(1, {1, 2, 3, 4, 5, 6}, 10, 16, 20);  // this server holds [10, 16) of 20
+  push_range(f, 0, 1, {1, 1}, 11, 20, 11, 2);
+  CHECK(f.got(0).empty());  // the round waits for worker 1
+  push_range(f, 1, 1, {10, 10, 10}, 12, 20, 12, 3);
+  REQUIRE(f.got(0).size() == 1);
+  REQUIRE(f.got(1).size() == 1);
+  CHECK(f.got(1)[0].status == errc::ok);
+  f.got(0).clear();
+  f.got(1).clear();
+  // No optimizer: each written element takes the round's sum over the workers that wrote it.
+  CHECK(f.pull(1, 20, 10) == std::vector<float>{1, 1, 11, 10, 10, 6});
+  CHECK(pull_range(f, 1, 20, 12, 3) == std::vector<float>{11, 10, 10});
+  CHECK(f.sh.slices().at(1).round == 1);
+
+  optim::sgd o;
+  o.learning_rate = 0.5;
+  f.set_optimizer("sgd", params_of(o));
+  // A whole push from worker 0 and a range of one element from worker 1, in two frames.
+  f.push(0, 1, {2, 2, 2, 2, 2, 2}, 10, 20);
+  push_range(f, 1, 1, {4}, 10, 20, 10, 2, 0, false);
+  CHECK(f.got(1).empty());
+  push_range(f, 1, 1, {8}, 11, 20, 10, 2, 0, true);
+  REQUIRE(f.got(1).size() == 1);
+  CHECK(f.got(1)[0].status == errc::ok);
+  CHECK(f.pull(1, 20, 10) == std::vector<float>{1 - 0.5f * 6, 1 - 0.5f * 10, 11 - 0.5f * 2,
+                                                10 - 0.5f * 2, 10 - 0.5f * 2, 6 - 0.5f * 2});
+  CHECK(f.sh.slices().at(1).st_f.step == 1);
+}
+
+TEST_CASE(
+    "ranges in dist_async: applied on arrival, one optimizer step per push; a range pull "
+    "is answered in chunks" *
+    doctest::timeout(10)) {
+  fixture f(2, /*sync=*/false, 2 * sizeof(float));
+  f.init_all(2, {0, 0, 0, 0, 0}, 5, 10, 10);
+  push_range(f, 1, 2, {7, 8}, 6, 10, 6, 2);
+  REQUIRE(f.got(1).size() == 1);
+  CHECK(f.pull(2, 10, 5) == std::vector<float>{0, 7, 8, 0, 0});
+  optim::sgd o;
+  o.learning_rate = 0.25;
+  f.set_optimizer("sgd", params_of(o));
+  // Sequence 3 in two frames: one step.
+  push_range(f, 0, 2, {4}, 8, 10, 8, 2, 3, false);
+  push_range(f, 0, 2, {8}, 9, 10, 8, 2, 3, true);
+  CHECK(f.sh.slices().at(2).st_f.step == 1);
+  CHECK(pull_range(f, 2, 10, 5, 5) == std::vector<float>{0, 7, 8, -1, -2});  // 3 frames of 2
+}
+
+TEST_CASE(
+    "a range outside the slice, or a frame outside its range, is refused and changes "
+    "nothing; a malformed range breaks the protocol" *
+    doctest::timeout(10)) {
+  fixture f(1);
+  f.init_all(3, {1, 2, 3, 4}, 4, 8, 8);
+  auto refused = [&](auto&& call) { return error_of(call); };
+  CHECK(refused([&] { pull_range(f, 3, 8, 2, 3); }) == errc::size_mismatch);  // starts before
+  CHECK(refused([&] { pull_range(f, 3, 8, 6, 3); }) == errc::size_mismatch);  // ends after
+  CHECK(refused([&] { push_range(f, 0, 3, {9, 9}, 3, 8, 3, 2); }) == errc::size_mismatch);
+  CHECK(refused([&] { push_range(f, 0, 3, {9, 9, 9}, 5, 8, 5, 2); }) == errc::size_mismatch);
+  CHECK(refused([&] { push_range(f, 0, 3, {9}, 4, 8, 5, 2); }) == errc::size_mismatch);
+  CHECK(refused([&] { pull_range(f, 3, 8, 4, 0); }) == errc::protocol);  // empty
+  wire::header h = f.push_header(3, 4, 1, 8);
+  h.flags |= wire::flag_range;
+  const std::vector<float> one{9};
+  CHECK(refused([&] { f.sh.handle(0, f.port(0), h, "short", bytes_of(one)); }) == errc::protocol);
+  CHECK(refused([&] {
+          f.sh.handle(0, f.port(0), h, wire::encode_range({~std::uint64_t{0}, 2}), bytes_of(one));
+        }) == errc::protocol);  // wraps
+  CHECK(f.got(0).empty());
+  CHECK(f.pull(3, 8, 4) == std::vector<float>{1, 2, 3, 4});
+  CHECK(f.sh.slices().at(3).round == 0);
+  // The server's message names the key, the range and the slice.
+  try {
+    pull_range(f, 3, 8, 6, 3);
+  } catch (const kvstore::error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("key 3") != std::string::npos);
+    CHECK(m.find("[6, 9)") != std::string::npos);
+    CHECK(m.find("[4, 8)") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "a range pull is held as a pull is: staleness 0 in dist_async, answered with just its "
+    "elements once the slower worker pushed" *
+    doctest::timeout(10)) {
+  fixture f(versioned(2, false, 0));
+  f.init_all(1, {0, 0, 0, 0}, 0, 4, 4);
+  push_range(f, 0, 1, {5, 6}, 1, 4, 1, 2, 1);  // worker 0's push 1 of the key
+  f.got(0).clear();
+  wire::header h;
+  h.command = wire::cmd::pull;
+  h.flags = wire::flag_range;
+  h.key = 1;
+  h.req_id = ++f.req;
+  h.type = wire::dtype::f32;
+  h.total = 4;
+  h.offset = 1;
+  f.sh.handle(0, f.port(0), h, wire::encode_range({1, 3}), {});
+  CHECK(f.answer_of(0, h.req_id).empty());  // worker 1 has pushed nothing yet
+  CHECK(f.sh.held() == 1);
+  push_range(f, 1, 1, {7}, 3, 4, 3, 1, 1);
+  CHECK(f.answer_of(0, h.req_id) == std::vector<float>{5, 6, 7});
+  CHECK(f.sh.held() == 0);
+}

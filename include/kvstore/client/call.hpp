@@ -29,6 +29,9 @@ enum class call_kind : std::uint8_t {
   checkpoint,
   join,
   bye,
+  push_range,
+  pull_range,
+  slice_of,
   set_key_options,
   version,
 };
@@ -72,6 +75,12 @@ constexpr std::string_view call_name(call_kind c) noexcept {
       return "joining the job";
     case call_kind::bye:
       return "bye";
+    case call_kind::push_range:
+      return "push_range";
+    case call_kind::pull_range:
+      return "pull_range";
+    case call_kind::slice_of:
+      return "slice_of";
     case call_kind::version:
       return "version";
   }
@@ -80,7 +89,8 @@ constexpr std::string_view call_name(call_kind c) noexcept {
 
 /// Calls that change a key's value: refused once this worker left the sync group.
 constexpr bool is_push(call_kind c) noexcept {
-  return c == call_kind::push || c == call_kind::pushpull || c == call_kind::push_rows;
+  return c == call_kind::push || c == call_kind::pushpull || c == call_kind::push_rows ||
+         c == call_kind::push_range;
 }
 
 /// What a request is, for the message of its error: "push of key 3", "barrier",

@@ -186,6 +186,49 @@ class requests {
     }
   }
 
+  // ---- element ranges of one key --------------------------------------------------------------
+  /// Elements [offset, offset + values.size()) of the key, each server's part in chunk_bytes
+  /// frames, only to the servers whose slices the range overlaps. One push number for the lot:
+  /// in dist_sync it is this worker's push of every slice it touches.
+  void push_range(key_record& m, std::uint64_t offset, std::span<const T> values, int priority,
+                  done_fn done) {
+    const auto parts = overlaps(m, offset, values.size());
+    auto all = fan_in(parts.size(), std::move(done));
+    const std::uint64_t seq = ++m.pushes;
+    for (auto& p : parts) {
+      const std::string meta = wire::encode_range({p.lo, p.hi - p.lo});
+      std::vector<transport::out_frame> frames;
+      for (std::uint64_t off = p.lo; off < p.hi; off += chunk_elems_) {
+        const std::uint64_t n = std::min<std::uint64_t>(chunk_elems_, p.hi - off);
+        transport::out_frame f;
+        f.h = wire::push_range_header(fields(m), off, seq, off + n >= p.hi, priority);
+        f.meta = meta;
+        set_payload(f, values.data() + (off - offset), n);
+        frames.push_back(std::move(f));
+      }
+      client_.send(p.server, std::move(frames), part_of(all, {call_kind::push_range, &m.k}));
+    }
+  }
+
+  /// Elements [offset, offset + out.size()) of the key: each overlapped server's part lands
+  /// straight in its place in `out`.
+  void pull_range(const key_record& m, std::uint64_t offset, std::span<T> out, int priority,
+                  done_fn done) {
+    const auto parts = overlaps(m, offset, out.size());
+    auto all = fan_in(parts.size(), std::move(done));
+    for (auto& p : parts) {
+      transport::out_frame f;
+      f.h = wire::pull_range_header(fields(m), p.lo, priority);
+      f.meta = wire::encode_range({p.lo, p.hi - p.lo});
+      worker_client::request r = part_of(all, {call_kind::pull_range, &m.k});
+      // The answer's offsets count from the part's first element.
+      r.out = reinterpret_cast<std::byte*>(out.data() + (p.lo - offset));
+      r.out_bytes = (p.hi - p.lo) * sizeof(T);
+      r.elem = sizeof(T);
+      client_.send(p.server, worker_client::single(std::move(f)), std::move(r));
+    }
+  }
+
   /// A key's learning-rate and weight-decay multipliers, to every server holding a slice of it;
   /// returns once all have them.
   void set_key_options(const key_record& m, double lr_mult, double wd_mult) {
@@ -349,6 +392,18 @@ class requests {
   static void set_payload(transport::out_frame& f, const T* p, std::uint64_t n) {
     f.payload = reinterpret_cast<const std::byte*>(p);
     f.payload_len = n * sizeof(T);
+  }
+
+  // The parts of elements [offset, offset + n) on the servers holding them, in key order (the
+  // range is checked to lie in the key, so the parts are never empty together).
+  static std::vector<slice_ref> overlaps(const key_record& m, std::uint64_t offset,
+                                         std::uint64_t n) {
+    std::vector<slice_ref> parts;
+    for (auto& s : m.slices) {
+      const std::uint64_t lo = std::max(s.lo, offset), hi = std::min(s.hi, offset + n);
+      if (lo < hi) parts.push_back({s.server, lo, hi});
+    }
+    return parts;
   }
 
   // Rows of slice `s` of a matrix key.

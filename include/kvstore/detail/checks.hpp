@@ -68,6 +68,25 @@ inline void check_matrix_init(const key& k, std::size_t size, std::size_t row_le
              std::to_string(row_length));
 }
 
+/// "[3, 8)": elements [offset, offset + n) as errors name them.
+inline std::string range_str(std::uint64_t offset, std::uint64_t n) {
+  const std::uint64_t end = n > ~std::uint64_t{0} - offset ? ~std::uint64_t{0} : offset + n;
+  return "[" + std::to_string(offset) + ", " + std::to_string(end) + ")";
+}
+
+/// Elements [offset, offset + n) of a key of `total`: not empty, not past the key's end.
+inline void check_range(std::string_view call, const key& k, std::uint64_t total,
+                        std::uint64_t offset, std::uint64_t n) {
+  if (n == 0)
+    fail(errc::invalid_argument, call, k,
+         "an empty range at offset " + std::to_string(offset) + " (the key has " + elems(total) +
+             ")");
+  if (offset > total || n > total - offset)
+    fail(errc::size_mismatch, call, k,
+         "elements " + range_str(offset, n) + " are past the key's end (it has " + elems(total) +
+             ")");
+}
+
 /// Rows of a matrix key of `total` elements, and `n` elements for them.
 inline void check_rows(std::string_view call, const key& k, std::uint64_t total,
                        std::uint64_t row_length, std::span<const std::int64_t> rows,

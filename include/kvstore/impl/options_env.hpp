@@ -51,6 +51,11 @@ inline void dist_options::apply_env() {
       throw error(errc::invalid_argument,
                   "KVSTORE_TYPE=\"" + *v + "\": expected dist_sync or dist_async");
   }
+  if (auto v = env::first_of("KVSTORE_COLOCATED")) {
+    if (*v != "0" && *v != "1")
+      throw error(errc::invalid_argument, "KVSTORE_COLOCATED=\"" + *v + "\": expected 0 or 1");
+    colocated = *v == "1";
+  }
   if (auto v = env::first_of("KVSTORE_TOKEN")) token = *v;
   if (auto v = env::first_of("KVSTORE_RANK"))
     rank_hint = env::parse_int("KVSTORE_RANK", *v, 0, 1 << 16);
@@ -122,6 +127,37 @@ inline void dist_options::apply_env() {
   if (auto v = env::first_of("KVSTORE_BIND")) bind_host = *v;
   if (auto v = env::first_of("KVSTORE_ADVERTISE")) advertise_host = *v;
   if (!role_given) apply_launcher_env();
+  apply_colocated_env();
+}
+
+inline void dist_options::apply_colocated_env() {
+  namespace env = detail::env;
+  if (!colocated) return;
+  if (auto v = env::first_of("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER");
+      v && num_servers != num_workers) {
+    const char* name = env::get("KVSTORE_NUM_SERVERS") ? "KVSTORE_NUM_SERVERS" : "DMLC_NUM_SERVER";
+    throw error(errc::invalid_argument,
+                "KVSTORE_COLOCATED=1 puts one server in each of the job's " +
+                    std::to_string(num_workers) + " workers, but " + name + "=" + *v +
+                    " asks for " + std::to_string(num_servers) + " servers");
+  }
+  num_servers = num_workers;
+  resolve_colocated();
+}
+
+inline void dist_options::apply_colocated_launcher(const launcher_rank& l) {
+  namespace env = detail::env;
+  if (env::first_of("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER") && num_workers != l.size)
+    throw error(
+        errc::invalid_argument,
+        std::string(env::get("KVSTORE_NUM_WORKERS") ? "KVSTORE_NUM_WORKERS" : "DMLC_NUM_WORKER") +
+            "=" + std::to_string(num_workers) + " but " + l.source + " gives " +
+            std::to_string(l.size) + " processes, each a worker of a colocated job");
+  num_workers = l.size;
+  role = kvstore::role::worker;
+  rank_hint = l.rank;
+  colocated_scheduler = l.rank == 0;
+  apply_launcher_scheduler();
 }
 
 // KVSTORE_STALENESS: a non-negative count of pushes, or "unbounded".
@@ -147,6 +183,7 @@ inline void dist_options::apply_launcher_env() {
   namespace env = detail::env;
   auto l = env::launcher();
   if (l.rank < 0) return;
+  if (colocated) return apply_colocated_launcher(l);
   const bool servers_given = env::first_of("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER").has_value();
   if (!servers_given) num_servers = 1;
   if (l.size < num_servers + 2)
@@ -172,6 +209,11 @@ inline void dist_options::apply_launcher_env() {
     role = kvstore::role::worker;
     rank_hint = l.rank - 1 - num_servers;
   }
+  apply_launcher_scheduler();
+}
+
+inline void dist_options::apply_launcher_scheduler() {
+  namespace env = detail::env;
   if (!env::first_of("KVSTORE_SCHEDULER") && !env::first_of("DMLC_PS_ROOT_URI")) {
     if (auto a = env::first_of("MASTER_ADDR")) {
       scheduler_host = *a;

@@ -30,6 +30,7 @@ struct held_pull {
   wire::header h;                  ///< the pull or pull_rows request (h.aux: the min version)
   std::vector<std::int64_t> rows;  ///< pull_rows: the rows asked, checked already
   std::chrono::steady_clock::time_point deadline;
+  std::uint64_t range_offset = 0, range_length = 0;  ///< a range pull's elements, checked already
 
   std::uint64_t bytes() const noexcept { return sizeof(held_pull) + rows.size() * sizeof(rows[0]); }
 };

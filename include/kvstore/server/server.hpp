@@ -87,6 +87,9 @@ class server final : public transport::node_base {
   void on_command(command_handler h) { on_command_ = std::move(h); }
 
   using node_base::port;
+  /// The host this server registers for workers to reach it (empty: the scheduler uses the
+  /// address it sees).
+  const std::string& advertised_host() const noexcept { return advertise_; }
   int rank() const noexcept { return rank_; }
   /// The node id workers' hello proofs name (-1 until the address book or a rank hint sets it).
   int id() const noexcept { return id_; }

@@ -128,10 +128,12 @@ class shard {
       case wire::cmd::init:
         return init(rank, from, h, meta, payload);
       case wire::cmd::push:
+        if (h.flags & wire::flag_range) check_range_push(h, meta, payload.size());
         return push(rank, from, h, payload);
       case wire::cmd::push_rows:
         return push_rows(rank, from, h, meta, payload);
       case wire::cmd::pull:
+        if (h.flags & wire::flag_range) return pull_range(rank, from, h, meta);
         return pull(rank, from, h);
       case wire::cmd::pull_rows:
         return pull_rows(rank, from, h, meta);
@@ -307,6 +309,20 @@ class shard {
     send_rows(from, h, s, rows);
   }
 
+  /// A range pull: the elements its meta names (wire::range_meta, inside the slice), answered
+  /// as send_range says; held as a pull is.
+  void pull_range(int rank, const Port& from, const wire::header& h, std::string_view meta) {
+    slice& s = find(h);
+    const wire::range_meta r = range_in_slice(s, h, meta);
+    if (!may_answer(rank, s, h.aux)) {
+      held_pull<Port> p{from, rank, h, {}, {}};
+      p.range_offset = r.offset;
+      p.range_length = r.length;
+      return hold(std::move(p));
+    }
+    send_range(from, h, s, r);
+  }
+
   /// The slice's version (rounds completed, or async pushes applied) as the response's aux.
   void version(const Port& from, const wire::header& h) {
     const slice& s = find(h);
@@ -327,6 +343,21 @@ class shard {
       wire::header f = data_header(s, h);
       f.offset = s.lo + off;
       if (off + n == s.size()) f.flags = wire::flag_last;
+      from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
+    }
+  }
+
+  // Elements [r.offset, r.offset + r.length) of the slice, in data frames of at most chunk_bytes
+  // flagged flag_range, their offsets counted from the range's first element.
+  void send_range(const Port& from, const wire::header& h, const slice& s, wire::range_meta r) {
+    const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
+    std::shared_ptr<const void> keep = s.value;
+    const std::byte* base = s.value->data() + (r.offset - s.lo) * s.elem();
+    for (std::uint64_t off = 0; off < r.length; off += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, r.length - off);
+      wire::header f = data_header(s, h);
+      f.offset = off;
+      f.flags = wire::flag_range | (off + n == r.length ? wire::flag_last : 0u);
       from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
     }
   }
@@ -627,6 +658,32 @@ class shard {
     return n;
   }
 
+  // The range a range push's or pull's meta names: it must lie in this server's slice.
+  wire::range_meta range_in_slice(const slice& s, const wire::header& h, std::string_view meta) {
+    const wire::range_meta r = wire::decode_range(meta);  // not empty, no wrap: else protocol
+    if (r.offset < s.lo || r.offset > s.hi || r.length > s.hi - r.offset)
+      throw error(errc::size_mismatch,
+                  "key " + key_str(h.key) + ": range [" + std::to_string(r.offset) + ", " +
+                      std::to_string(r.offset + r.length) + ") is outside this server's slice [" +
+                      std::to_string(s.lo) + ", " + std::to_string(s.hi) + ") on " + who_);
+    return r;
+  }
+
+  // A frame of a range push: its elements lie in the range its meta names, and the range in the
+  // slice. The frame is then a push like any other: in dist_sync it counts as this worker's push
+  // of the slice for the round, and the round's coverage keeps the elements it did not write.
+  void check_range_push(const wire::header& h, std::string_view meta, std::size_t payload_len) {
+    const slice& s = find(h);
+    const wire::range_meta r = range_in_slice(s, h, meta);
+    const std::uint64_t n = payload_len / s.elem();
+    if (h.offset < r.offset || h.offset - r.offset > r.length ||
+        n > r.length - (h.offset - r.offset))
+      throw error(errc::size_mismatch,
+                  "key " + key_str(h.key) + ": elements [" + std::to_string(h.offset) + ", " +
+                      std::to_string(h.offset + n) + ") of a range push are outside its range [" +
+                      std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
+  }
+
   std::vector<std::int64_t> check_rows(const slice& s, const wire::header& h,
                                        std::string_view meta) {
     if (!s.row_length)
@@ -819,6 +876,8 @@ class shard {
   void answer_held(const held_pull<Port>& p, const slice& s) {
     if (p.h.command == wire::cmd::pull_rows)
       send_rows(p.port, p.h, s, p.rows);
+    else if (p.h.flags & wire::flag_range)
+      send_range(p.port, p.h, s, {p.range_offset, p.range_length});
     else
       send_value(p.port, p.h, s);
   }

@@ -120,6 +120,22 @@ inline header pull_rows_header(const key_fields& k, int priority) {
   return h;
 }
 
+/// A frame of a range push: elements [offset, offset + n) of the key, inside the range its
+/// meta names (wire::range_meta).
+inline header push_range_header(const key_fields& k, std::uint64_t offset,
+                                std::uint64_t push_number, bool last, int priority) {
+  header h = push_header(k, offset, push_number, last, priority);
+  h.flags |= flag_range;
+  return h;
+}
+
+/// A range pull: the elements its meta names (wire::range_meta), from their first (`offset`).
+inline header pull_range_header(const key_fields& k, std::uint64_t offset, int priority) {
+  header h = pull_header(k, offset, priority);
+  h.flags = flag_range;
+  return h;
+}
+
 /// A key's learning-rate and weight-decay multipliers (meta: encode_key_multipliers), to each
 /// server holding a slice of it.
 inline header key_options_header(const key_fields& k) {

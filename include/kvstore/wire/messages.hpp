@@ -269,6 +269,37 @@ inline init_meta decode_init_meta(std::string_view s) {
   });
 }
 
+// ---- range metadata: worker -> server (push and pull flagged flag_range) --------------------
+// u64 offset | u64 length: the elements [offset, offset + length) of the key a range push or pull
+// covers on the server it goes to. A range is never empty and never wraps; the server checks it
+// against its slice.
+
+struct range_meta {
+  std::uint64_t offset = 0, length = 0;
+};
+
+inline std::string encode_range(const range_meta& m) {
+  meta_writer w;
+  w.u64(m.offset).u64(m.length);
+  return w.take();
+}
+
+inline range_meta decode_range(std::string_view s) {
+  static constexpr const char* what = "range metadata";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    range_meta m;
+    m.offset = r.u64();
+    m.length = r.u64();
+    detail::expect_done(r, what);
+    if (m.length == 0) detail::bad(what, "an empty range at " + std::to_string(m.offset));
+    if (m.length > ~std::uint64_t{0} - m.offset)
+      detail::bad(what, "a range of " + std::to_string(m.length) + " elements at " +
+                            std::to_string(m.offset) + " wraps");
+    return m;
+  });
+}
+
 // ---- set_optimizer metadata: worker -> server ------------------------------------------------
 // str name | str params: a registered optimizer's name and parameters, never code
 
