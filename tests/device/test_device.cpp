@@ -359,6 +359,18 @@ TEST_CASE_TEMPLATE("fused optimizers match KVStore<local>: several devices, seve
   kv.set_optimizer(o);
   ref.set_optimizer(o);
   for (int step = 0; step < 4; ++step) {
+    if (step == 2) {
+      // Halfway: per-key multipliers, and the same type with half the learning rate, which keeps
+      // every key's state (momentum, moments, history, adam's step) on both stores.
+      kv.set_key_options(1, {.lr_mult = 2.0, .wd_mult = 0.5});
+      ref.set_key_options(1, {.lr_mult = 2.0, .wd_mult = 0.5});
+      kv.set_key_options("m", {.lr_mult = 0.5});
+      ref.set_key_options("m", {.lr_mult = 0.5});
+      O half = o;
+      half.learning_rate *= 0.5;
+      kv.set_optimizer(half);
+      ref.set_optimizer(half);
+    }
     const auto g1 = wiggly(n, 10 + step), g2 = wiggly(n, 20 + step), g3 = wiggly(n, 30 + step);
     auto d1 = on(dev(0), g1);
     auto d2 = on(dev(1), g2);
@@ -375,6 +387,10 @@ TEST_CASE_TEMPLATE("fused optimizers match KVStore<local>: several devices, seve
   }
   same(host_pull(kv, 1, n), local_pull(ref, 1, n));
   same(host_pull(kv, "m", 12), local_pull(ref, "m", 12));
+  CHECK(kv.version(1) == 4);
+  CHECK(kv.version("m") == ref.version("m"));
+  CHECK_THROWS_AS(kv.set_key_options(99, {}), kvstore::error);
+  CHECK_THROWS_AS(kv.version(99), kvstore::error);
   // Row 1 was never pushed: unchanged, exactly.
   const std::vector<std::int64_t> r1{1};
   std::vector<float> row(4);

@@ -7,6 +7,7 @@
 #include <kvstore/device/span.hpp>
 #include <kvstore/key.hpp>
 #include <kvstore/op.hpp>
+#include <kvstore/optim/optimizer.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -60,6 +61,8 @@ struct device_entry {
   std::uint64_t step = 0;
   std::vector<device_buffer<T>> slots;
   std::uint64_t state_gen = 0;  ///< the optimizer generation the state belongs to
+  optim::multipliers mult;      ///< the key's learning-rate and weight-decay multipliers
+  std::uint64_t pushes = 0;     ///< pushes issued to the key's stream: its version
   device_buffer<T> scratch;     ///< partial sums of more than max_fused_inputs values
   /// The stream of the key's last op, and an event recorded there when another stream (the next
   /// op's, stream_wait's consumer) must wait for it on the device.

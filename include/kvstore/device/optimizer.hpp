@@ -21,8 +21,10 @@ struct device_optimizer {
   optim::updater<T> u;
   std::uint64_t gen = 0;  ///< tells the states of an older optimizer apart
   bool fused = false;
-  reduce::device_update<T> base;  ///< kind and parameters (adam's step is set per update)
+  reduce::device_update<T> base;  ///< kind (each update's step is made from the parameters)
+  optim::sgd sgd{};
   optim::adam adam{};
+  optim::adagrad adagrad{};
 };
 
 /// The device form of `u` (generation `gen`): fused when its name is sgd, adam or adagrad.
@@ -32,19 +34,17 @@ std::shared_ptr<const device_optimizer<T>> make_device_optimizer(optim::updater<
   auto o = std::make_shared<device_optimizer<T>>();
   using U = reduce::device_update<T>;
   if (u.name == optim::sgd::name) {
-    const auto p = deserialize_params<optim::sgd>(u.name, u.params);
+    o->sgd = deserialize_params<optim::sgd>(u.name, u.params);
     o->fused = true;
     o->base.kind = U::sgd;
-    o->base.sgd_st = p.template step<T>();
   } else if (u.name == optim::adam::name) {
     o->fused = true;
     o->adam = deserialize_params<optim::adam>(u.name, u.params);
     o->base.kind = U::adam;
   } else if (u.name == optim::adagrad::name) {
-    const auto p = deserialize_params<optim::adagrad>(u.name, u.params);
+    o->adagrad = deserialize_params<optim::adagrad>(u.name, u.params);
     o->fused = true;
     o->base.kind = U::adagrad;
-    o->base.adagrad_st = p.template step<T>();
   }
   o->u = std::move(u);
   o->gen = gen;
@@ -81,7 +81,13 @@ bool prepare_update(device_entry<T>& e, const device_optimizer<T>* opt, rt::stre
   if (!opt->fused) return false;
   ++e.step;
   u = opt->base;
-  if (u.kind == reduce::device_update<T>::adam) u.adam_st = opt->adam.template step_at<T>(e.step);
+  // The step of this key's update: its multipliers (set_key_options) scale learning rate and
+  // weight decay, adam's bias correction follows its step count.
+  using U = reduce::device_update<T>;
+  const auto [lr, wd] = e.mult;
+  if (u.kind == U::sgd) u.sgd_st = opt->sgd.template step<T>(lr, wd);
+  if (u.kind == U::adagrad) u.adagrad_st = opt->adagrad.template step<T>(lr, wd);
+  if (u.kind == U::adam) u.adam_st = opt->adam.template step_at<T>(e.step, lr, wd);
   const int used = u.slots();
   if (used > 0) s0 = e.slots[0].data();
   if (used > 1) s1 = e.slots[1].data();

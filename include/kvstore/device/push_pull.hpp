@@ -40,7 +40,7 @@ void host_update(device_entry<T>& e, const device_optimizer<T>& o, rt::stream_t 
   for (std::size_t i = 0; i < e.slots.size(); ++i)
     rt::copy_async(st.slots[i].data(), e.slots[i].data(), e.size * sizeof(T), s);
   rt::stream_sync(s);
-  o.u.apply(e.k, std::span<const T>(g), std::span<T>(w), st);
+  o.u.apply(e.k, std::span<const T>(g), std::span<T>(w), st, e.mult);
   e.step = st.step;
   rt::copy_async(e.value.data(), w.data(), e.size * sizeof(T), s);
   for (std::size_t i = 0; i < e.slots.size(); ++i)
@@ -53,6 +53,7 @@ template <class T>
 void issue_push(device_impl<T>& impl, device_entry<T>& e, device_ctx& c, int si, rt::stream_t s,
                 std::span<const dev_ref<const T>> in, const device_optimizer<T>* opt) {
   wait_producers(s, in);
+  ++e.pushes;
   reduce::device_update<T> u;
   T *s0 = nullptr, *s1 = nullptr;
   const bool on_device_update = prepare_update(e, opt, s, u, s0, s1);

@@ -48,7 +48,7 @@ void host_rows_update(device_entry<T>& e, const device_optimizer<T>& o, rt::stre
     }
     const std::size_t at = static_cast<std::size_t>(urow[u]) * rl;
     o.u.fn(e.k, std::span<const T>(g), std::span<T>(w).subspan(at, rl),
-           optim::updater<T>::view(st, at, rl));
+           optim::updater<T>::view(st, at, rl, e.mult));
   }
   rt::copy_async(e.value.data(), w.data(), e.size * sizeof(T), s);
   for (std::size_t i = 0; i < st.slots.size(); ++i)
@@ -62,6 +62,7 @@ void issue_push_rows(device_impl<T>& impl, device_entry<T>& e, rt::stream_t s,
                      std::span<const std::int64_t> rows, dev_ref<const T> values,
                      const device_optimizer<T>* opt) {
   wait_producers(s, std::span<const dev_ref<const T>>(&values, 1));
+  ++e.pushes;
   if (rows.empty()) {
     if (opt) {  // the step still advances, as local's
       ensure_state(e, *opt, s);

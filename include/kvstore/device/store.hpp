@@ -230,7 +230,8 @@ class KVStore<device, T> {
 
   /// Sets a registered optimizer. sgd, adam and adagrad run fused into the push kernel on the
   /// owner device; any other registered type is applied on host copies of the key's value,
-  /// gradient and state (correct, slow). Waits for every op in flight; states start fresh.
+  /// gradient and state (correct, slow). Waits for every op in flight. The same type again (new
+  /// parameters: a learning-rate schedule) keeps every key's state; another type starts fresh.
   template <optim::registered_optimizer O>
   void set_optimizer(const O& o) {
     install(optim::make_updater<T>(o));
@@ -251,6 +252,26 @@ class KVStore<device, T> {
   /// Values do not travel in a device store: checks `c` (a known type; for two_bit a positive,
   /// finite threshold) and changes nothing. Throws invalid_argument.
   void set_gradient_compression(const compression& c) { detail::check_compression(c); }
+
+  /// Scales the learning rate and weight decay of `k`'s updates (MXNet's lr_mult and wd_mult),
+  /// in the fused kernels as on the host; for ops issued after it (it waits for the key's ops in
+  /// flight). Throws unknown_key, invalid_argument (a multiplier that is not finite).
+  void set_key_options(key k, const key_options& o) {
+    detail::check_multipliers("set_key_options", k, o.lr_mult, o.wd_mult);
+    auto& e = impl_->find("set_key_options", k);
+    impl_->eng.wait_key(e.k.id());
+    std::lock_guard lk(e.m);
+    e.mult = {o.lr_mult, o.wd_mult};
+  }
+
+  /// Pushes applied to `k` (push, push_rows, pushpull: one each), after every op issued on `k`
+  /// before this call (an addition, as KVStore<local>'s). Throws unknown_key.
+  std::uint64_t version(key k) {
+    auto& e = impl_->find("version", k);
+    impl_->eng.wait_key(e.k.id());
+    std::lock_guard lk(e.m);
+    return e.pushes;
+  }
 
   /// Writes every key's optimizer state (copied from the devices) to `path`, in the file format
   /// of KVStore<local>: a file one saves, the other loads. Waits for every op first. Throws
@@ -462,7 +483,11 @@ class KVStore<device, T> {
   void install(optim::updater<T> u) {
     wait_all();
     std::unique_lock lk(impl_->m);
-    impl_->opt = detail::make_device_optimizer<T>(std::move(u), ++impl_->generation);
+    // The same registered type keeps the states' generation, so they carry on with the new
+    // parameters; a callable or another type starts a new one.
+    const bool same = impl_->opt && !u.name.empty() && impl_->opt->u.name == u.name;
+    const std::uint64_t gen = same ? impl_->opt->gen : ++impl_->generation;
+    impl_->opt = detail::make_device_optimizer<T>(std::move(u), gen);
   }
 
   std::unique_ptr<detail::device_impl<T>> impl_;
