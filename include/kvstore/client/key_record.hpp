@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,9 @@ struct key_record {
   const kvstore::partition placement;
   /// The key's own wire compression (init_options::compression); type none: the store's setting.
   kvstore::compression compression{};
+  /// This worker's two_bit residual (a std::vector<T>, client/compression.hpp), made at the
+  /// key's first 2-bit push.
+  std::shared_ptr<void> residual;
 
   std::uint64_t rows() const noexcept { return row_length ? total / row_length : 0; }
 };
