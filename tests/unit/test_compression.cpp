@@ -245,6 +245,47 @@ TEST_CASE("arrays: every length (whole blocks and the rest) converts as the scal
   }
 }
 
+TEST_CASE(
+    "fp16 arrays in hardware (F16C, where the CPU has it) agree with the scalar bit for bit") {
+  MESSAGE("F16C: " << (wire::f16c::available() ? "used" : "not available: portable loops"));
+  // Every code decoded (NaNs made quiet alike), as a copy and as a sum.
+  std::vector<std::uint16_t> codes(0x10000);
+  for (std::uint32_t h = 0; h < 0x10000; ++h) codes[h] = static_cast<std::uint16_t>(h);
+  std::vector<float> back(codes.size()), sum(codes.size(), 0.5f);
+  const auto* raw = reinterpret_cast<const std::byte*>(codes.data());
+  wire::decode_16bit<false>(wire::encoding::fp16, raw, codes.size(), back.data());
+  wire::decode_16bit<true>(wire::encoding::fp16, raw, codes.size(), sum.data());
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    CAPTURE(h);
+    const float want = wire::from_fp16(static_cast<std::uint16_t>(h));
+    REQUIRE(bits(back[h]) == bits(want));
+    REQUIRE((std::isnan(want) ? std::isnan(sum[h]) : sum[h] == 0.5f + want));
+  }
+  // Random bit patterns (NaNs, infinities, subnormals included) encoded.
+  std::mt19937 rng(11);
+  std::vector<float> v(1 << 18);
+  for (auto& x : v) x = from_bits(rng());
+  v[3] = 65520.0f;
+  v[4] = 0x1p-25f;
+  const auto e = encode16(wire::encoding::fp16, v);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    std::uint16_t code;
+    std::memcpy(&code, e.data() + 2 * i, 2);
+    REQUIRE(code == wire::to_fp16(v[i]));
+  }
+  // The portable loops (taken without F16C) give the same bytes.
+  std::vector<std::uint16_t> portable(v.size());
+  wire::convert_elements(v.data(), v.size(), portable.data(),
+                         [](float x) { return wire::to_fp16(x); });
+  CHECK(std::memcmp(portable.data(), e.data(), e.size()) == 0);
+  std::vector<float> portable_back(codes.size());
+  wire::convert_elements(codes.data(), codes.size(), portable_back.data(),
+                         [](std::uint16_t h) { return wire::from_fp16(h); });
+  CHECK(std::memcmp(portable_back.data(), back.data(), back.size() * sizeof(float)) == 0);
+  // A signaling NaN half decodes to a quiet NaN float, its payload kept.
+  CHECK(bits(wire::from_fp16(0x7C01)) == 0x7FC02000u);
+}
+
 TEST_CASE("two_bit: pushes of 0.3 then 0.3 with threshold 0.5 send 0 then 0.5, residual 0.1") {
   std::vector<float> residual{0.0f, 0.0f};
   const std::vector<float> g{0.3f, -0.3f};

@@ -26,6 +26,16 @@
 #include <string>
 #include <type_traits>
 
+// x86-64 converts float <-> half in hardware (F16C: 8 per instruction, about 10 times the
+// portable loop) on nearly every CPU since 2012; used when the CPU has it, checked once at run
+// time, so a program built for any x86-64 takes it. Define KVSTORE_NO_F16C to leave it out.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(KVSTORE_NO_F16C) && !defined(__CUDA_ARCH__)
+#define KVSTORE_WIRE_F16C 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
 namespace kvstore::wire {
 
 static_assert(std::endian::native == std::endian::little,
@@ -99,7 +109,8 @@ inline float from_fp16(std::uint16_t h) noexcept {
   // flush-to-zero mode cannot change it).
   const std::uint32_t sub =
       std::bit_cast<std::uint32_t>(static_cast<float>(static_cast<std::int32_t>(a)) * 0x1p-24f);
-  const std::uint32_t special = (a << 13) | 0x7F800000u;  // Inf, or NaN with its payload
+  // Inf, or NaN with its payload, made quiet (as IEEE's conversion and F16C's do).
+  const std::uint32_t special = (a << 13) | 0x7F800000u | (mask(a > 0x7C00u) & 0x00400000u);
   std::uint32_t bits = pick(a < 0x0400u, sub, normal);
   bits = pick(a >= 0x7C00u, special, bits);
   return std::bit_cast<float>(bits | sign);
@@ -169,10 +180,62 @@ inline void convert_elements(const In* __restrict in, std::size_t n, Out* __rest
   run(in + i, n - i, out + i);
 }
 
+namespace f16c {
+#ifdef KVSTORE_WIRE_F16C
+/// Whether this CPU has F16C and the OS saves the AVX registers it uses (checked once).
+inline bool available() noexcept {
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    if (!(c & bit_F16C) || !(c & bit_AVX) || !(c & bit_OSXSAVE)) return false;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u;  // XMM and YMM state enabled
+  }();
+  return yes;
+}
+
+// The same results as to_fp16 / from_fp16 bit for bit (round to nearest even; NaN quiet with its
+// top payload bits), 8 elements at a time; the rest by the portable functions.
+__attribute__((target("avx,f16c"))) inline void encode(const float* src, std::size_t n,
+                                                       std::uint16_t* dst) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(
+        reinterpret_cast<__m128i*>(dst + i),
+        _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) dst[i] = to_fp16(src[i]);
+}
+template <bool Add>
+__attribute__((target("avx,f16c"))) inline void decode(const std::uint16_t* src, std::size_t n,
+                                                       float* dst) noexcept {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    if constexpr (Add) v = _mm256_add_ps(_mm256_loadu_ps(dst + i), v);
+    _mm256_storeu_ps(dst + i, v);
+  }
+  for (; i < n; ++i) {
+    if constexpr (Add)
+      dst[i] += from_fp16(src[i]);
+    else
+      dst[i] = from_fp16(src[i]);
+  }
+}
+#else
+inline bool available() noexcept { return false; }
+inline void encode(const float*, std::size_t, std::uint16_t*) noexcept {}
+template <bool Add>
+inline void decode(const std::uint16_t*, std::size_t, float*) noexcept {}
+#endif
+}  // namespace f16c
+
 /// n elements of src in 16-bit encoding e (fp16, bf16 or bf16_trunc), 2 bytes each at dst.
 template <class T>
 void encode_16bit(encoding e, const T* src, std::size_t n, std::byte* dst) noexcept {
   auto* out = reinterpret_cast<std::uint16_t*>(dst);
+  if constexpr (std::is_same_v<T, float>)
+    if (e == encoding::fp16 && f16c::available()) return f16c::encode(src, n, out);
   if (e == encoding::fp16)
     convert_elements(src, n, out, [](T x) { return to_fp16(x); });
   else if (e == encoding::bf16)
@@ -185,6 +248,8 @@ void encode_16bit(encoding e, const T* src, std::size_t n, std::byte* dst) noexc
 template <bool Add, class T>
 void decode_16bit(encoding e, const std::byte* src, std::size_t n, T* dst) noexcept {
   const auto* in = reinterpret_cast<const std::uint16_t*>(src);
+  if constexpr (std::is_same_v<T, float>)
+    if (e == encoding::fp16 && f16c::available()) return f16c::decode<Add>(in, n, dst);
   if (e == encoding::fp16)
     convert_elements<Add>(in, n, dst, [](std::uint16_t h) { return static_cast<T>(from_fp16(h)); });
   else  // bf16 and bf16_trunc decode alike
