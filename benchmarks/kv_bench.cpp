@@ -359,14 +359,14 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
     for (std::size_t i = 0; i < small; ++i) mvals[k][i] = value_of(me, 100 + k, i);
     kv.init(static_cast<int>(100 + k), std::span<const float>(mvals[k]));
   }
-  // The compressed keys: one per size and encoding case (ids 1000 + 10 z + e), the values of a
-  // size shared by its cases (key 1000 + z for value_of).
+  // The compressed keys: one per size and encoding case (ids 50000 + 10 z + e, after the many
+  // keys), the values of a size shared by its cases (key 50000 + z for value_of).
   std::vector<std::vector<float>> zvals, zouts;
-  auto zkey = [](std::size_t z, std::size_t e) { return static_cast<int>(1000 + 10 * z + e); };
+  auto zkey = [](std::size_t z, std::size_t e) { return static_cast<int>(50000 + 10 * z + e); };
   for (std::size_t z = 0; z < cfg.compressed_sizes.size(); ++z) {
     const std::size_t n = cfg.compressed_sizes[z].bytes / sizeof(float);
     zvals.emplace_back(n);
-    for (std::size_t i = 0; i < n; ++i) zvals.back()[i] = value_of(me, 1000 + z, i);
+    for (std::size_t i = 0; i < n; ++i) zvals.back()[i] = value_of(me, 50000 + z, i);
     zouts.emplace_back(n, 0.f);
     for (std::size_t e = 0; e < encoding_cases.size(); ++e)
       kv.init(zkey(z, e), std::span<const float>(zvals.back()),
@@ -435,7 +435,7 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
         report({"pull_" + tag, rep, double(cfg.n("pull_" + tag, sc.pull_n)),
                 double(sc.pull_n) * double(sc.bytes), secs(a, b)});
         if (cfg.want("push_" + tag) && cfg.want("pull_" + tag))
-          check(zouts[z], 1000 + z, ("pull " + tag).c_str());
+          check(zouts[z], 50000 + z, ("pull " + tag).c_str());
       }
     // 4 KiB push, waiting for each (sizes[0] is 4 KiB).
     {

@@ -451,9 +451,20 @@ TEST_CASE("a compressed push: frames one after the other in one buffer, residual
   CHECK(enc.frames()[1].bytes == wire::two_bit_bytes(4));
   const std::vector<float> g(10, 0.3f);
   float* res = kvstore::detail::residual_of<float>(m);
-  auto buf = enc.encode(g, res);
+  auto buf = kvstore::detail::push_buffer(m, enc.size());
   CHECK(buf->size() == wire::two_bit_bytes(6) + wire::two_bit_bytes(4));
-  buf = enc.encode(g, res);
+  enc.encode(g, res, *buf);
+  const auto* first = buf->data();
+  buf.reset();  // the frames are done with it: the next push reuses it
+  buf = kvstore::detail::push_buffer(m, enc.size());
+  CHECK(buf->data() == first);
+  enc.encode(g, res, *buf);
+  {
+    auto held = buf;  // a frame still holds it: the next push gets another
+    buf.reset();
+    CHECK(kvstore::detail::push_buffer(m, enc.size())->data() != held->data());
+    buf = held;
+  }
   for (const auto& f : enc.frames()) {
     auto v = wire::view_payload<float>(wire::encoding::two_bit,
                                        std::span<const std::byte>(buf->data() + f.at, f.bytes));
@@ -466,7 +477,9 @@ TEST_CASE("a compressed push: frames one after the other in one buffer, residual
   kvstore::detail::encoded_push<double> half(wire::encoding::fp16, 0);
   half.add(0, 3);
   const std::vector<double> d{1.0, 0.1, -2.5};
-  auto hb = half.encode(d, nullptr);
+  std::vector<std::byte> hbuf(half.size());
+  half.encode(d, nullptr, hbuf);
+  const auto* hb = &hbuf;
   REQUIRE(hb->size() == 6);
   std::vector<double> back(3);
   wire::decode_16bit<false>(wire::encoding::fp16, hb->data(), 3, back.data());

@@ -74,6 +74,18 @@ T* residual_of(key_record& m) {
   return static_cast<std::vector<T>*>(m.residual.get())->data();
 }
 
+/// A buffer of `bytes` for key m's compressed push: the key's last one when no frame of an
+/// earlier push still holds it (only the key's ops, one at a time, take it), else a new one. A
+/// new buffer per push costs page faults and zeroing: 32 MiB of them for a 64 MiB key in fp16.
+inline std::shared_ptr<std::vector<std::byte>> push_buffer(key_record& m, std::size_t bytes) {
+  if (!m.encoded || m.encoded.use_count() > 1)
+    m.encoded = std::make_shared<std::vector<std::byte>>();
+  else
+    std::atomic_thread_fence(std::memory_order_acquire);  // the last send that read it is done
+  m.encoded->resize(bytes);                               // zeroes only what grows
+  return m.encoded;
+}
+
 /// One compressed push: every frame's elements encoded one after the other into one buffer.
 template <class T>
 class encoded_push {
@@ -92,19 +104,20 @@ class encoded_push {
     size_ += bytes;
   }
 
-  /// Encodes every frame of `value` (two_bit: with and into `residual`, the key's) into one
-  /// buffer, which the frames' payloads point into.
-  std::shared_ptr<std::vector<std::byte>> encode(std::span<const T> value, T* residual) const {
-    auto buf = std::make_shared<std::vector<std::byte>>(size_);
+  /// Payload bytes of all frames.
+  std::size_t size() const noexcept { return size_; }
+
+  /// Encodes every frame of `value` (two_bit: with and into `residual`, the key's) into `buf`
+  /// (size() bytes), which the frames' payloads point into.
+  void encode(std::span<const T> value, T* residual, std::vector<std::byte>& buf) const {
     for (const frame& f : frames_) {
-      std::byte* dst = buf->data() + f.at;
+      std::byte* dst = buf.data() + f.at;
       if (e_ == wire::encoding::two_bit)
         wire::encode_two_bit(value.data() + f.offset, residual + f.offset, f.count, threshold_,
                              dst);
       else
         wire::encode_16bit(e_, value.data() + f.offset, f.count, dst);
     }
-    return buf;
   }
 
   const std::vector<frame>& frames() const noexcept { return frames_; }

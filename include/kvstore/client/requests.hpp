@@ -323,7 +323,8 @@ class requests {
     for (auto& s : m.slices)
       for (std::uint64_t off = s.lo; off < s.hi; off += per)
         enc.add(off, std::min<std::uint64_t>(per, s.hi - off));
-    auto buf = enc.encode(value, e == wire::encoding::two_bit ? residual_of<T>(m) : nullptr);
+    auto buf = push_buffer(m, enc.size());
+    enc.encode(value, e == wire::encoding::two_bit ? residual_of<T>(m) : nullptr, *buf);
     auto frame = enc.frames().begin();
     for (auto& s : m.slices) {
       std::vector<transport::out_frame> frames;
