@@ -6,8 +6,10 @@
 #include "support/cluster.hpp"
 #include "support/helpers.hpp"
 #include "support/tcp_bytes.hpp"
+#include "support/wire_peer.hpp"
 
 #include <kvstore/wire/encoding.hpp>
+#include <kvstore/wire/messages.hpp>
 
 #include <atomic>
 #include <cmath>
@@ -52,6 +54,12 @@ float through(compression::kind c, float x) {
     default:
       return x;
   }
+}
+
+// A 2-bit payload's threshold, 0.5f, as the 4 bytes in front of its codes.
+std::string two_bit_threshold_half() {
+  const float t = 0.5f;
+  return std::string(reinterpret_cast<const char*>(&t), sizeof t);
 }
 
 }  // namespace
@@ -306,5 +314,114 @@ TEST_CASE("bad compression options: a kvstore::error naming the option; nothing 
     kv.push("ok", filled(10, 0.1f)).wait();
     kv.pull("ok", out).wait();
     CHECK(out == filled(10, 0.099609375f));
+  });
+}
+
+TEST_CASE(
+    "a peer's compressed frames: decoded over the wire, refused when malformed, others go on" *
+    doctest::timeout(60)) {
+  // Worker 1 is scripted: it registers like a worker (its address book brings its credential),
+  // proves its rank to the server and speaks the compressed frames by hand.
+  auto o = kvtest::test_options(2, 1);
+  o.on_worker_death = kvstore::worker_death::leave_group;  // its close: worker 0 goes on alone
+  o.dead_timeout = std::chrono::milliseconds(60'000);      // it sends no heartbeats
+  kvtest::cluster c(o);
+  kvtest::wire_peer sched(c.options().scheduler_port);
+  REQUIRE(sched.handshake());
+  REQUIRE(sched.send_frame(kvtest::hdr(wire::cmd::reg),
+                           wire::encode_registration({kvstore::role::worker, 1, "", 0, 2, 1})));
+  auto wo = c.options();
+  wo.role = kvstore::role::worker;
+  wo.rank_hint = 0;
+  KVStore<dist> kv(wo);  // the job gathers
+  wire::header h;
+  std::string meta;
+  do REQUIRE(sched.read_frame(h, meta));
+  while (h.command != wire::cmd::address_book);
+  const auto book = wire::decode_address_book(meta);
+  REQUIRE(book.servers.size() == 1);
+  kv.init(5, filled(4, 0.0f));
+
+  kvtest::wire_peer w1(c.server(0).port());
+  REQUIRE(w1.handshake());
+  REQUIRE(w1.hello(1, book.credential, book.servers[0].id));
+  auto frame = [](wire::cmd cmd, std::uint64_t req, wire::encoding e) {
+    wire::header f = kvtest::hdr(cmd);
+    f.key = 5;
+    f.total = 4;
+    f.type = wire::dtype::f32;
+    f.req_id = req;
+    f.flags = (cmd == wire::cmd::push ? wire::flag_last : 0u) | wire::encoding_flags(e);
+    return f;
+  };
+  // A push in fp16 joins worker 0's plain push in one round, summed in float.
+  const std::vector<float> g{0.1f, -2.5f, 1000.0f, 0.3f};
+  std::string halves(8, '\0');
+  wire::encode_16bit(wire::encoding::fp16, g.data(), 4,
+                     reinterpret_cast<std::byte*>(halves.data()));
+  auto push = frame(wire::cmd::push, 7, wire::encoding::fp16);
+  push.aux = 1;
+  REQUIRE(w1.send_frame(push, {}, halves));
+  kv.push(5, filled(4, 1.0f)).wait();
+  std::vector<float> out(4);
+  kv.pull(5, out).wait();
+  std::vector<float> want(4);
+  for (int i = 0; i < 4; ++i) want[i] = 1.0f + through(compression::fp16, g[i]);
+  CHECK(out == want);
+  REQUIRE(w1.read_frame(h, meta));
+  CHECK(h.command == wire::cmd::response);
+  CHECK(h.req_id == 7);
+  CHECK(h.status == 0);
+  // A pull asking for bf16_trunc: one data frame of 4 halves, flagged with the encoding.
+  REQUIRE(w1.send_frame(frame(wire::cmd::pull, 8, wire::encoding::bf16_trunc)));
+  std::string payload;
+  REQUIRE(w1.read_frame(h, meta, &payload));
+  CHECK(h.command == wire::cmd::data);
+  CHECK(wire::encoding_bits(h.flags) == static_cast<unsigned>(wire::encoding::bf16_trunc));
+  REQUIRE(payload.size() == 8);
+  std::vector<float> got(4);
+  wire::decode_16bit<false>(wire::encoding::bf16_trunc,
+                            reinterpret_cast<const std::byte*>(payload.data()), 4, got.data());
+  for (int i = 0; i < 4; ++i) CHECK(got[i] == through(compression::bf16_trunc, want[i]));
+  // A pull in an encoding the server does not know: an error for that request, nothing closed.
+  REQUIRE(w1.send_frame(frame(wire::cmd::pull, 9, static_cast<wire::encoding>(9))));
+  REQUIRE(w1.read_frame(h, meta));
+  CHECK(h.command == wire::cmd::response);
+  CHECK(h.status == static_cast<std::uint32_t>(errc::unsupported));
+  CHECK(meta.find("encoding 9") != std::string::npos);
+  // Malformed 2-bit codes: a protocol error; the server closes this connection only.
+  std::string bad = two_bit_threshold_half() + std::string(1, '\xF7');  // a 3 between codes
+  auto push2 = frame(wire::cmd::push, 10, wire::encoding::two_bit);
+  push2.aux = 2;
+  REQUIRE(w1.send_frame(push2, {}, bad));
+  CHECK(w1.closed_by_peer(std::chrono::seconds(5)));
+  // Worker 1 is gone from the group; worker 0's rounds go on, exact.
+  kv.push(5, filled(4, 2.0f)).wait();
+  kv.pull(5, out).wait();
+  CHECK(out == filled(4, 2.0f));
+  kv.set_barrier_before_exit(false);  // worker 1 meets no barrier
+}
+
+TEST_CASE("KVStore<dist, double>: decoded and summed in double, each value rounded once" *
+          doctest::timeout(60)) {
+  kvtest::cluster c(small_frames(2, 2));
+  c.run_workers<double>([](KVStore<dist, double>& kv) {
+    const std::size_t n = 100;  // 800 bytes: over both servers
+    kv.set_gradient_compression({compression::fp16});
+    kv.init("d", std::vector<double>(n, 0.0));
+    // Just above the midpoint between two halves by less than a float holds: one rounding
+    // goes up; through a float rounded to nearest first it would go down to even.
+    const double above = 1.0 + 0x1p-11 + 0x1p-40;
+    kv.push("d", std::vector<double>(n, above)).wait();
+    std::vector<double> out(n);
+    kv.set_gradient_compression({compression::none});
+    kv.pull("d", out).wait();
+    CHECK(out == std::vector<double>(n, 2 * (1.0 + 0x1p-10)));
+    kv.init("q", std::vector<double>(n, 0.0),
+            kvstore::init_options{.compression = {compression::two_bit, 0.5f}});
+    kv.push("q", std::vector<double>(n, 0.3)).wait();
+    kv.push("q", std::vector<double>(n, 0.3)).wait();
+    kv.pull("q", out).wait();
+    CHECK(out == std::vector<double>(n, 1.0));
   });
 }
