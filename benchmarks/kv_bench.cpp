@@ -4,7 +4,9 @@
 // Processes (all forked from this one before it starts any thread; every child is killed and
 // reaped on the way out, and dies with this process through PR_SET_PDEATHSIG):
 //   kvstore:  a scheduler (kvstore::scheduler), S servers (kvstore::server), W worker processes
-//             (KVStore<dist, float>, dist_sync, no optimizer); 1x1 and 2x2.
+//             (KVStore<dist, float>, dist_sync, no optimizer); 1x1 and 2x2, and 2x2c: 2 colocated
+//             workers, each serving one shard itself (dist_options::colocated, no server
+//             processes; the baseline is 2x2's).
 //   baseline: S server processes and W client processes speaking a minimal framed protocol with
 //             Boost.Asio (16-byte header + raw payload; TCP_NODELAY; the server reads payloads
 //             straight into a preallocated buffer, as a transport must at least do).
@@ -29,9 +31,10 @@
 // phase (kvstore, then the baseline, then the next phase), so load from other processes hits both
 // alike; each figure is the median of several repetitions.
 //
-// usage: kv_bench [--quick] [--json FILE]
+// usage: kv_bench [--quick] [--json FILE]   (--setup 1x1,2x2,2x2c picks the setups)
 // Exit status: 0 when every run completed with right values (targets met or not), 1 on an error
 // (a wrong value, a child that failed or hung), 2 on a usage error.
+#include <kvstore/colocated.hpp>
 #include <kvstore/dist.hpp>
 #include <kvstore/rendezvous/scheduler.hpp>
 #include <kvstore/server/server.hpp>
@@ -765,12 +768,14 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
 }
 
 // Starts both clusters with W workers (or clients) and S servers, runs their phases in turn and
-// collects the samples. Every child is reaped (or killed) before this returns.
+// collects the samples. Every child is reaped (or killed) before this returns. `colocated`: the
+// kvstore servers run inside the W workers (S == W), no server process starts.
 bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
-               std::vector<sample>& base_out, bool with_kv, bool with_raw) {
+               std::vector<sample>& base_out, bool with_kv, bool with_raw, bool colocated = false) {
   std::size_t max_bytes = 0;
   for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
   auto o = cluster_options(W, S);
+  o.colocated = colocated;
   if (with_kv) {
     int sched_fd = spawn([&](int fd) {
       auto so = o;
@@ -784,7 +789,7 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
     ::close(sched_fd);
     if (line.rfind("P ", 0) != 0) throw std::runtime_error("scheduler did not start: " + line);
     o.scheduler_port = static_cast<std::uint16_t>(std::stoi(line.substr(2)));
-    for (int s = 0; s < S; ++s) {
+    for (int s = 0; s < S && !colocated; ++s) {
       ::close(spawn([&](int) {
         auto so = o;
         so.role = kvstore::role::server;
@@ -1075,7 +1080,7 @@ std::vector<result> conversion_bench(std::size_t n, int reps) {
 
 int main(int argc, char** argv) {
   bool quick = false;
-  std::string json, only, setups = "1x1,2x2", side = "both";
+  std::string json, only, setups = "1x1,2x2,2x2c", side = "both";
   int reps = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -1092,10 +1097,11 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && i + 1 < argc)
       reps = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr,
-                   "usage: kv_bench [--quick] [--json FILE]   (for profiling: [--only "
-                   "NAME_PART[,NAME_PART...]]\n"
-                   "       [--setup 1x1|2x2|1x1,2x2] [--side both|kv|raw] [--reps N])\n");
+      std::fprintf(
+          stderr,
+          "usage: kv_bench [--quick] [--json FILE]   (for profiling: [--only "
+          "NAME_PART[,NAME_PART...]]\n"
+          "       [--setup 1x1,2x2,2x2c (any of them)] [--side both|kv|raw] [--reps N])\n");
       return 2;
     }
   }
@@ -1119,22 +1125,34 @@ int main(int argc, char** argv) {
   bool ok = true;
   struct setup {
     int W, S;
+    bool colocated;
+    std::string name() const {
+      return std::to_string(W) + "x" + std::to_string(S) + (colocated ? "c" : "");
+    }
+  };
+  auto picked = [&](const std::string& name) {  // one of the comma-separated --setup names
+    return ("," + setups + ",").find("," + name + ",") != std::string::npos;
   };
   std::map<std::string, figure> target_figs;
-  for (setup st : {setup{1, 1}, setup{2, 2}}) {
-    if (setups.find(std::to_string(st.W) + "x" + std::to_string(st.S)) == std::string::npos)
-      continue;
+  for (setup st : {setup{1, 1, false}, setup{2, 2, false}, setup{2, 2, true}}) {
+    if (!picked(st.name())) continue;
     std::vector<sample> kvs, base;
     try {
-      ok = run_setup(cfg, st.W, st.S, kvs, base, side != "raw", side != "kv") && ok;
+      ok = run_setup(cfg, st.W, st.S, kvs, base, side != "raw", side != "kv", st.colocated) && ok;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "kv_bench: %s\n", e.what());
       kill_children();
       ok = false;
     }
-    const std::string cl = std::to_string(st.W) + "x" + std::to_string(st.S);
-    std::printf("\n%d worker%s x %d server%s (workers: %d process%s)\n", st.W, st.W > 1 ? "s" : "",
-                st.S, st.S > 1 ? "s" : "", st.W, st.W > 1 ? "es" : "");
+    const std::string cl = st.name();
+    if (st.colocated)
+      std::printf(
+          "\n%d workers x %d colocated servers (workers: %d processes, each serving one shard "
+          "on its own thread; kv cpu and kv B/op include the servers)\n",
+          st.W, st.S, st.W);
+    else
+      std::printf("\n%d worker%s x %d server%s (workers: %d process%s)\n", st.W,
+                  st.W > 1 ? "s" : "", st.S, st.S > 1 ? "s" : "", st.W, st.W > 1 ? "es" : "");
     std::printf("  %-8s %-26s %12s %8s %12s %8s %6s | %8s %8s %6s %6s | %11s %11s\n", "size",
                 "pattern", "kvstore op/s", "GB/s", "raw TCP op/s", "GB/s", "ratio", "kv cpu",
                 "raw cpu", "kv cs", "raw cs", "kv B/op", "raw B/op");

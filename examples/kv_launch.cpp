@@ -1,11 +1,14 @@
 // kv_launch: start a whole kvstore cluster on this machine.
 //
 //   kv_launch -w W -s S [options] [--] PROGRAM ARGS...
+//   kv_launch -w W --colocated [options] [--] PROGRAM ARGS...
 //
 // Starts one scheduler and S servers (the kv_server binary) and W copies of PROGRAM, each with the
 // KVSTORE_* environment that tells it its role and where the scheduler listens. Every line a child
 // writes is echoed with a "[role rank] " prefix. Signals are forwarded, stragglers are terminated
-// after a grace period, and the exit code is that of the first process that failed.
+// after a grace period, and the exit code is that of the first process that failed. With
+// --colocated no server process starts: every worker serves one shard itself (KVSTORE_COLOCATED=1,
+// as many servers as workers).
 //
 // Deliberately standalone (plain C++20 + POSIX and Boost.Program_options for the command line, no
 // kvstore headers) so that it builds and works even when the library does not, and so that it
@@ -55,15 +58,18 @@ constexpr std::size_t max_line = 64 * 1024;
 
 constexpr std::string_view usage_head =
     "usage: kv_launch -w W -s S [options] [--] PROGRAM ARGS...\n"
+    "       kv_launch -w W --colocated [options] [--] PROGRAM ARGS...\n"
     "\n"
     "Starts a kvstore cluster on 127.0.0.1: one scheduler and S servers (kv_server) and W copies\n"
-    "of PROGRAM, prefixing every line of their output with the role and rank.\n";
+    "of PROGRAM, prefixing every line of their output with the role and rank. With --colocated\n"
+    "every worker serves one shard itself: W servers, no server processes.\n";
 
 constexpr std::string_view usage_tail =
     "\n"
     "Every child gets KVSTORE_SCHEDULER, KVSTORE_NUM_WORKERS, KVSTORE_NUM_SERVERS, KVSTORE_ROLE "
     "and\n"
-    "KVSTORE_RANK (plus KVSTORE_TYPE with --type); the rest of the environment, KVSTORE_TOKEN\n"
+    "KVSTORE_RANK (plus KVSTORE_TYPE with --type, KVSTORE_COLOCATED=1 with --colocated); the\n"
+    "rest of the environment, KVSTORE_TOKEN\n"
     "included, is inherited. stdin of every child is /dev/null.\n"
     "SIGINT, SIGTERM and SIGHUP are forwarded to all children; a third one sends SIGKILL.\n"
     "Exit code: 0 if every process exited with 0, 124 on --timeout, 128+N after signal N, else\n"
@@ -106,7 +112,8 @@ std::string errno_text(int err) { return std::strerror(err); }
 struct options {
   int workers = 0;
   int servers = 0;
-  int port = 0;  // 0: pick a free one
+  bool colocated = false;  // every worker serves a shard: servers = workers, no server processes
+  int port = 0;            // 0: pick a free one
   std::string server_path;
   std::string type;
   double grace_s = 15;
@@ -121,8 +128,10 @@ po::options_description describe(options& opt) {
   d.add_options()
       ("workers,w", kvtool::ranged(&opt.workers, 1, 4096)->value_name("W")->required(),
        "number of workers (copies of PROGRAM), at least 1")
-      ("servers,s", kvtool::ranged(&opt.servers, 1, 4096)->value_name("S")->required(),
-       "number of servers, at least 1")
+      ("servers,s", kvtool::ranged(&opt.servers, 1, 4096)->value_name("S"),
+       "number of servers, at least 1 (required without --colocated)")
+      ("colocated", po::bool_switch(&opt.colocated),
+       "every worker also serves one shard (KVSTORE_COLOCATED=1): W servers, no server processes")
       ("port,p", kvtool::ranged(&opt.port, 1, 65535)->value_name("P"),
        "scheduler port (default: a free port picked at start)")
       ("server", po::value(&opt.server_path)->value_name("PATH"),
@@ -177,6 +186,13 @@ std::optional<options> parse_args(int argc, char** argv, std::string& help) {
   if (vm.count("server") && opt.server_path.empty()) throw po::error("--server needs a path");
   if (vm.count("timeout") && opt.timeout_s <= 0) throw po::error("--timeout must be positive");
   if (opt.program.empty()) throw po::error("no PROGRAM given to run as the workers");
+  if (!opt.colocated && !vm.count("servers"))
+    throw po::error("the option '--servers' is required but missing");
+  if (opt.colocated && vm.count("servers") && opt.servers != opt.workers)
+    throw po::error("--colocated runs one server in each worker: -s " +
+                    std::to_string(opt.servers) + " differs from -w " +
+                    std::to_string(opt.workers));
+  if (opt.colocated) opt.servers = opt.workers;
   return opt;
 }
 
@@ -354,7 +370,7 @@ bool is_overridden(std::string_view entry, bool override_type) {
   static constexpr std::string_view owned[] = {
       "KVSTORE_SCHEDULER", "KVSTORE_NUM_WORKERS", "KVSTORE_NUM_SERVERS", "KVSTORE_ROLE",
       "KVSTORE_RANK",      "DMLC_ROLE",           "DMLC_PS_ROOT_URI",    "DMLC_PS_ROOT_PORT",
-      "DMLC_NUM_WORKER",   "DMLC_NUM_SERVER"};
+      "DMLC_NUM_WORKER",   "DMLC_NUM_SERVER",     "KVSTORE_COLOCATED"};
   auto eq = entry.find('=');
   std::string_view name = entry.substr(0, eq);
   if (override_type && name == "KVSTORE_TYPE") return true;
@@ -372,6 +388,7 @@ std::vector<std::string> child_environment(const options& opt, int port, std::st
   env.push_back("KVSTORE_ROLE=" + std::string(role));
   if (rank >= 0) env.push_back("KVSTORE_RANK=" + std::to_string(rank));
   if (!opt.type.empty()) env.push_back("KVSTORE_TYPE=" + opt.type);
+  if (opt.colocated) env.push_back("KVSTORE_COLOCATED=1");
   return env;
 }
 
@@ -541,7 +558,7 @@ class launcher {
       }
     };
     add("scheduler", false, {server, "--role", "scheduler"}, "scheduler", -1);
-    for (int i = 0; i < opt_.servers; ++i)
+    for (int i = 0; i < opt_.servers && !opt_.colocated; ++i)
       add("server " + std::to_string(i), false, {server, "--role", "server"}, "server", i);
     for (int i = 0; i < opt_.workers; ++i)
       add("worker " + std::to_string(i), true, opt_.program, "worker", i);

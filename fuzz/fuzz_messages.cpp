@@ -5,6 +5,7 @@
 // returns re-encodes to exactly the input.
 #include <kvstore/wire/messages.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -70,7 +71,19 @@ void one(int which, std::string_view s) {
       expect(wire::encode_rows(rows.data(), rows.size()) == s);
       break;
     }
-    default: {  // the primitive reader itself: a script of reads over the bytes
+    case 7: {
+      auto m = wire::decode_key_multipliers(s);
+      expect(std::isfinite(m.lr_mult) && std::isfinite(m.wd_mult));
+      expect(wire::encode_key_multipliers(m) == s);
+      break;
+    }
+    case 8: {
+      auto m = wire::decode_range(s);
+      expect(m.length > 0 && m.length <= ~std::uint64_t{0} - m.offset);
+      expect(wire::encode_range(m) == s);
+      break;
+    }
+    default: {  // 6: the primitive reader itself: a script of reads over the bytes
       if (s.empty()) return;
       const auto ops = static_cast<unsigned char>(s[0]);
       wire::meta_reader r(s.substr(1));
@@ -103,7 +116,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size > 1) std::memcpy(buf.get(), data + 1, size - 1);
   std::string_view s(buf.get(), size - 1);
   try {
-    one(data[0] % 7, s);
+    one(data[0] % 9, s);
   } catch (const error& e) {
     if (e.code() != make_error_code(errc::protocol)) std::abort();
     if (std::string_view(e.what()).empty()) std::abort();

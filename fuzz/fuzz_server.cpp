@@ -3,8 +3,9 @@
 // server is fresh for every input and its frame handler runs on this thread; it is never
 // registered with a scheduler (it is given a job secret instead). First input byte: bit 0
 // dist_sync or dist_async, bit 1 one or two workers, bit 2 sends the hello (worker rank 0, with
-// its identity proof for this connection) for the fuzzer. The rest is the byte stream after the
-// token proof. Invariants: no crash, no hang, the connection ends closed, and memory
+// its identity proof for this connection) for the fuzzer, bit 3 staleness 0 (pulls held for
+// slower workers; pulls with a min version are held in every mode). The rest is the byte stream
+// after the token proof. Invariants: no crash, no hang, the connection ends closed, and memory
 // stays bounded (libFuzzer's -rss_limit_mb / -malloc_limit_mb).
 #include "conn_harness.hpp"
 
@@ -31,6 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.role = role::server;
   o.num_workers = (mode & 2) ? 2 : 1;
   o.sync = !(mode & 1);
+  if (mode & 8) o.staleness = 0;
   o.token = fuzz::token;
   o.bind_host = "127.0.0.1";
   o.max_frame_bytes = 1 << 20;

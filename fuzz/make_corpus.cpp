@@ -6,6 +6,7 @@
 #include <kvstore/optim/all.hpp>
 #include <kvstore/optim/state_file.hpp>
 #include <kvstore/transport/auth.hpp>
+#include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/encoding.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -78,6 +79,16 @@ void frames() {
   bad[23] = 1;  // huge payload
   put("frame", "huge", bad);
   put("frame", "short", ok.substr(0, 40));
+  wire::header r = h;
+  r.flags = wire::flag_range | wire::flag_last;
+  r.offset = 2;
+  r.meta_len = 16;
+  auto rb = wire::encode(r);
+  put("frame", "push-range", std::string(reinterpret_cast<const char*>(rb.data()), rb.size()));
+  wire::header v = hdr(wire::cmd::version, 3, 9);
+  v.type = wire::dtype::f32;
+  v.total = 4;
+  put("frame", "version-command", frame(v));
   // Compressed payloads: 3 halves of a float key (not whole floats), 2-bit codes of any size,
   // an encoding nobody knows (sized by the server), and an odd byte count in halves.
   h.flags = wire::flag_last | wire::encoding_flags(wire::encoding::fp16);
@@ -221,6 +232,14 @@ void messages() {
   const std::int64_t rows[] = {0, 2, -1};
   put("messages", "rows", m(5, wire::encode_rows(rows, 3)));
   put("messages", "reader", m(6, "\x1b" + reg));
+  put("messages", "key-options", m(7, wire::encode_key_multipliers({2.0, 0.0})));
+  std::string inf = wire::encode_key_multipliers({1.0, 1.0});
+  inf[7] = char(0x7f);  // lr_mult's exponent all ones: not finite
+  inf[6] = char(0xf0);
+  put("messages", "key-options-inf", m(7, inf));
+  put("messages", "range", m(8, wire::encode_range({3, 5})));
+  put("messages", "range-empty", m(8, wire::encode_range({3, 0})));
+  put("messages", "range-wraps", m(8, wire::encode_range({~std::uint64_t{0} - 1, 5})));
 }
 
 template <class T>
@@ -247,6 +266,9 @@ void state_files() {
   put("state_file", "float-payload", std::string(1, '\2') + f.substr(head));
   put("state_file", "double-payload", std::string(1, '\3') + d.substr(head));
 }
+
+void versions(const wire::header& init, const std::string& meta, const wire::header& rinit,
+              const wire::header& prow, wire::header qrow);
 
 void server_frames() {
   // Mode 4: dist_sync, one worker, the hello sent by the harness.
@@ -291,8 +313,16 @@ void server_frames() {
           frame(hdr(wire::cmd::set_optimizer, 0, 7), opt) + frame(push, "", floats({1, 1, 1, 1})) +
           frame(hdr(wire::cmd::save_states, 0, 8)) +
           frame(
-              hdr(wire::cmd::load_states, 0, 9), "",
+              hdr(wire::cmd::load_states, 0, 9), "sgd",
               wire::encode_state_head(3, wire::dtype::f32, 0, 4, 4, 2, 1) + floats({0, 0, 0, 0})));
+  // A key's multipliers, then a push they scale.
+  wire::header kopt = wire::key_options_header({3, 4, wire::dtype::f32});
+  kopt.req_id = 12;
+  put("server", "key-options",
+      std::string(1, '\5') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(hdr(wire::cmd::set_optimizer, 0, 7), opt) +
+          frame(kopt, wire::encode_key_multipliers({2.0, 0.5})) +
+          frame(push, "", floats({1, 1, 1, 1})) + frame(pull));
   put("server", "two-workers",
       std::string(1, '\6') + base + frame(hdr(wire::cmd::leave, 0, 10)) +
           frame(hdr(wire::cmd::bye, 0, 11)));
@@ -345,10 +375,88 @@ void server_frames() {
   put("server", "compressed-too-big",
       std::string(1, '\4') + frame(init, meta, floats({1, 2, 3, 4})) +
           frame(with(push, wire::encoding::fp16, 35), "", floats({1, 1, 1, 1})));
+  // A range push in 16 bits: ranges travel plain, so it is refused (unsupported).
+  wire::header crange = with(push, wire::encoding::fp16, 36);
+  crange.flags |= wire::flag_range;
+  crange.offset = 1;
+  put("server", "compressed-range-refused",
+      inited + frame(crange, wire::encode_range({1, 2}), halves(wire::encoding::fp16, {1, 2})) +
+          frame(pull));
+  // Range frames (push_range / pull_range): a push of [1, 3) in two frames, a pull of [1, 4), and
+  // ones that leave the slice or their range.
+  wire::header rpush = push;
+  rpush.flags = wire::flag_range;
+  rpush.offset = 1;
+  rpush.aux = 12;
+  wire::header rpush_last = rpush;
+  rpush_last.offset = 2;
+  rpush_last.flags = wire::flag_range | wire::flag_last;
+  wire::header rpull = pull;
+  rpull.flags = wire::flag_range;
+  rpull.offset = 1;
+  const std::string ranges = frame(init, meta, floats({1, 2, 3, 4})) +
+                             frame(rpush, wire::encode_range({1, 2}), floats({5})) +
+                             frame(rpush_last, wire::encode_range({1, 2}), floats({6})) +
+                             frame(rpull, wire::encode_range({1, 3}));
+  put("server", "range", std::string(1, '\4') + ranges);
+  put("server", "range-async",
+      std::string(1, '\5') + ranges + frame(rpull, wire::encode_range({0, 4})));
+  put("server", "range-outside",
+      std::string(1, '\4') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(rpull, wire::encode_range({2, 5})) +
+          frame(rpush_last, wire::encode_range({0, 1}), floats({7})) +
+          frame(rpull, wire::encode_range({1, 0})));
+  versions(init, meta, rinit, prow, qrow);
+}
+
+// Versions and held pulls (issue 13): the version command (of a key and of one never inited),
+// pulls and pull_rows waiting for a version (aux) that pushes then reach, one never reached,
+// and in dist_async with staleness 0 and two workers a pull held for the other worker.
+void versions(const wire::header& init, const std::string& meta, const wire::header& rinit,
+              const wire::header& prow, wire::header qrow) {
+  wire::header ver = hdr(wire::cmd::version, 3, 20);
+  ver.type = wire::dtype::f32;
+  ver.total = 4;
+  wire::header unknown = ver;
+  unknown.key = 8;
+  wire::header wait = hdr(wire::cmd::pull, 3, 21);
+  wait.type = wire::dtype::f32;
+  wait.total = 4;
+  wait.aux = 2;
+  wire::header never = wait;
+  never.req_id = 22;
+  never.aux = ~std::uint64_t{0};
+  auto push = [](std::uint64_t seq) {
+    wire::header p = hdr(wire::cmd::push, 3, 30 + seq);
+    p.type = wire::dtype::f32;
+    p.total = 4;
+    p.aux = seq;
+    p.flags = wire::flag_last;
+    return p;
+  };
+  qrow.aux = 1;
+  const std::int64_t rows[] = {1};
+  const std::string ones = floats({1, 1, 1, 1});
+  const std::string body = frame(init, meta, floats({1, 2, 3, 4})) + frame(ver) + frame(unknown) +
+                           frame(wait) + frame(never) + frame(push(1), "", ones) +
+                           frame(push(2), "", ones) + frame(ver) +
+                           frame(rinit, wire::encode_init_meta({0, 6}), std::string(48, '\0')) +
+                           frame(qrow, wire::encode_rows(rows, 1)) +
+                           frame(prow, wire::encode_rows(rows, 1), std::string(16, '\1'));
+  put("server", "versions-async", std::string(1, '\5') + body);
+  put("server", "versions-sync", std::string(1, '\4') + body);
+  // Two workers, staleness 0: worker 0 pushes, its pull waits for worker 1, then it leaves.
+  wire::header pull = hdr(wire::cmd::pull, 3, 40);
+  pull.type = wire::dtype::f32;
+  pull.total = 4;
+  put("server", "staleness",
+      std::string(1, '\x0f') + frame(init, meta, floats({1, 2, 3, 4})) + frame(push(1), "", ones) +
+          frame(pull) + frame(ver) + frame(hdr(wire::cmd::leave, 0, 41)) + frame(pull));
 }
 
 // Server snapshots (fuzz_snapshot: the first byte picks raw bytes (even) or a body wrapped in a
-// valid header (odd)). seed-v1-* are version-1 files kept from before version 2.
+// valid header (odd)). seed-v1-* and seed-v2-* are files of those versions, kept from before the
+// next one.
 void snapshots() {
   wire::shard_snapshot s;
   s.rank = 1;
@@ -365,6 +473,8 @@ void snapshots() {
   x.slots.push_back(floats({0, 0, 0, 0}));
   x.applied = {{0, 5}, {1, 4}};
   x.parts = {{1, 5, 2}};  // worker 1's push 5: two frames applied
+  x.lr_mult = 2;
+  x.wd_mult = 0;
   s.slices.push_back(x);
   const std::string file = wire::encode_snapshot(s);
   const std::size_t head = sizeof wire::snapshot_magic + 4 + 8 + 4;

@@ -21,6 +21,7 @@
 #include <kvstore/reduce/cpu.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <initializer_list>
 #include <memory>
@@ -29,6 +30,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 namespace kvstore {
@@ -37,6 +39,23 @@ namespace detail {
 /// Runs the scheduler or server loop of a process whose role is not worker, then exits it. Set
 /// by spmd.hpp, so a program that never serves does not compile the server loop.
 inline void (*run_other_role)(const dist_options&) = nullptr;
+
+/// What a colocated worker process (dist_options::colocated) runs beside its worker: its server,
+/// and for rank 0 of an SPMD launch the scheduler, each on its own thread (kvstore/colocated.hpp).
+/// Destroying it stops them and joins their threads; after linger() it first lets the server
+/// serve the other workers until the job ends.
+class colocated_roles {
+ public:
+  virtual ~colocated_roles() = default;
+  /// Where this process's server listens, as it registers with the scheduler.
+  virtual own_server address() const = 0;
+  /// This worker said goodbye: on destruction, serve until the scheduler ends the job (every
+  /// worker gone), at most `limit`, before stopping.
+  virtual void linger(std::chrono::milliseconds limit) noexcept = 0;
+};
+/// Starts them; set by colocated.hpp (through kvstore.hpp), so a program that never serves does
+/// not compile the server loop.
+inline std::unique_ptr<colocated_roles> (*start_colocated)(const dist_options&) = nullptr;
 }  // namespace detail
 
 /// A worker of a distributed job (see the contract in API.md). Every call that blocks (init,
@@ -68,6 +87,7 @@ class KVStore<dist, T> {
                         "<kvstore/kvstore.hpp> or <kvstore/spmd.hpp>");
       detail::run_other_role(o);
     }
+    o.check_versions();
     impl_ = std::make_unique<impl>(o);
   }
   KVStore(const KVStore&) = delete;
@@ -83,6 +103,9 @@ class KVStore<dist, T> {
   int rank() const noexcept { return impl_->client.rank(); }
   int num_workers() const noexcept { return impl_->client.num_workers(); }
   int num_servers() const noexcept { return impl_->client.num_servers(); }
+  /// Whether this process also serves a shard of the job (dist_options::colocated): then its
+  /// server's rank is rank().
+  bool colocated() const noexcept { return impl_->colocated != nullptr; }
 
   // ---- init ----------------------------------------------------------------------------------
   /// Stores rank 0's value (every worker calls init; each returns once the value is stored).
@@ -183,6 +206,29 @@ class KVStore<dist, T> {
     return op(st);
   }
 
+  // ---- versions and bounded staleness ---------------------------------------------------------
+  /// A pull that each server answers once its slice of `k` reached o.min_version (see
+  /// version()), within request_timeout: a version not reached by then fails the op with an
+  /// error naming the key and the version. Under dist_options::staleness it also waits for
+  /// slower workers, as every pull does.
+  op pull(key k, std::span<T> out, pull_options o) {
+    record* m = find(call_kind::pull, k, out.size());
+    return submit(m, o.priority, [this, m, out, o](auto done) {
+      impl_->reqs.pull(*m, {out}, o.priority, std::move(done), o.min_version);
+    });
+  }
+
+  /// The version of `k` on its servers: sync rounds completed (dist_sync) or pushes applied
+  /// (dist_async), each push or round counted once even across a server restart. A key sliced
+  /// over several servers has the least of its slices' versions. Asked after this worker's
+  /// earlier ops on `k` are done, as a pull is. Throws unknown_key for a key never inited.
+  std::uint64_t version(key k) {
+    record* m = find(call_kind::version, k, std::nullopt);
+    auto v = std::make_shared<std::uint64_t>(0);
+    submit(m, 0, [this, m, v](auto done) { impl_->reqs.version(*m, v, std::move(done)); }).wait();
+    return *v;
+  }
+
   /// Push then pull of one key as one op: `out` gets the value after this push.
   op pushpull(key k, std::span<const T> value, std::span<T> out, int priority = 0) {
     record* m = find(call_kind::pushpull, k, value.size());
@@ -212,6 +258,48 @@ class KVStore<dist, T> {
     });
   }
 
+  // ---- placement: which server holds what, and element ranges --------------------------------
+  /// (start, length) of key k's elements on server `server` (0 .. num_servers() - 1); a server
+  /// that holds none of them gives (the key's size, 0). With partition::even that is BigDL's
+  /// chunk `server`. Throws unknown_key (never inited), invalid_argument (no such server).
+  std::pair<std::size_t, std::size_t> slice_of(key k, int server) const {
+    const record* m = impl_->keys.find(k.id());
+    if (!m)
+      fail(errc::unknown_key, call_kind::slice_of, k,
+           "never inited (server " + std::to_string(server) + ")");
+    detail::check_same_name("slice_of", m->k, k);
+    if (server < 0 || server >= num_servers())
+      fail(errc::invalid_argument, call_kind::slice_of, k,
+           "server " + std::to_string(server) + " is out of range (the job has " +
+               std::to_string(num_servers()) + " servers)");
+    for (const auto& s : m->slices)
+      if (s.server == server) return {s.lo, s.hi - s.lo};
+    return {m->total, 0};
+  }
+
+  /// Pushes elements [offset, offset + values.size()) of the key, sent only to the servers whose
+  /// slices the range overlaps. Without an optimizer it stores them (dist_async) or, in
+  /// dist_sync, the round's sum over the workers that wrote them; with one they are the gradient
+  /// of those elements only. In dist_sync it counts as this worker's push of every slice it
+  /// touches: a round of a slice completes once every worker pushed to it (a whole push or a
+  /// range), and the elements no worker wrote that round keep their value. Throws
+  /// unknown_key, invalid_argument (an empty range), size_mismatch (past the key's end),
+  /// naming the key and the range; nothing is sent then.
+  op push_range(key k, std::size_t offset, std::span<const T> values, int priority = 0) {
+    record* m = find_range(call_kind::push_range, k, offset, values.size());
+    return submit(m, priority, [this, m, offset, values, priority](auto done) {
+      impl_->reqs.push_range(*m, offset, values, priority, std::move(done));
+    });
+  }
+  /// Pulls elements [offset, offset + out.size()) of the key from the servers holding them.
+  /// Throws as push_range.
+  op pull_range(key k, std::size_t offset, std::span<T> out, int priority = 0) {
+    record* m = find_range(call_kind::pull_range, k, offset, out.size());
+    return submit(m, priority, [this, m, offset, out, priority](auto done) {
+      impl_->reqs.pull_range(*m, offset, out, priority, std::move(done));
+    });
+  }
+
   void wait(key k) { impl_->eng.wait_key(k.id()); }
   void wait_all() { impl_->eng.wait_all(); }
 
@@ -228,16 +316,17 @@ class KVStore<dist, T> {
   }
 
   // ---- optimizers ----------------------------------------------------------------------------
-  /// Sends the optimizer (registered name and parameters, never code) to every server; a
-  /// collective: rank 0 sends, then all workers meet at a barrier. The type must be registered
-  /// (KVSTORE_REGISTER_OPTIMIZER) in the servers' program too.
+  /// Sends the optimizer (registered name and parameters, never code) to every server and
+  /// returns once all have it. Not a collective: one worker alone (e.g. rank 0, as MXNet's
+  /// scripts do) or every worker may call it. The same type with new parameters keeps every
+  /// key's state (a learning-rate schedule is one call per epoch); another type starts fresh.
+  /// The type must be registered (KVSTORE_REGISTER_OPTIMIZER) in the servers' program too; the
+  /// built-ins sgd, adam, adagrad and add are everywhere.
   template <optim::registered_optimizer O>
   void set_optimizer(const O& o) {
     wait_all();
     auto u = optim::make_updater<T>(o);
-    if (rank() == 0) impl_->reqs.set_optimizer(u.name, u.params);
-    impl_->opt_name = u.name;
-    barrier();
+    impl_->reqs.set_optimizer(u.name, u.params);
   }
   template <class F>
   requires(!optim::registered_optimizer<std::remove_cvref_t<F>>) void set_optimizer(F&&) {
@@ -247,18 +336,33 @@ class KVStore<dist, T> {
                   "serialize, and KVSTORE_REGISTER_OPTIMIZER it");
   }
 
+  /// Scales the learning rate and weight decay of `k`'s updates on the servers (MXNet's lr_mult
+  /// and wd_mult): the built-in optimizers use learning_rate * lr_mult and weight_decay * wd_mult
+  /// for this key. Applies to ops issued after it (it waits for the key's ops in flight and for
+  /// every server holding the key). Throws unknown_key, invalid_argument (not finite).
+  void set_key_options(key k, const key_options& o) {
+    detail::check_multipliers("set_key_options", k, o.lr_mult, o.wd_mult);
+    record* m = find(call_kind::set_key_options, k, std::nullopt);
+    wait(k);
+    impl_->reqs.set_key_options(*m, o.lr_mult, o.wd_mult);
+  }
+
   /// Gathers every server's optimizer states into one file (written atomically), in the same
-  /// format as the local store's.
+  /// format as the local store's, named for the servers' optimizer (whichever worker set it).
   void save_optimizer_states(const std::filesystem::path& path) {
     wait_all();
-    optim::save_states<T>(path, impl_->opt_name, impl_->reqs.save_states(lookup()));
+    std::string optimizer;
+    auto states = impl_->reqs.save_states(lookup(), optimizer);
+    optim::save_states<T>(path, optimizer, states);
   }
 
   /// Reads a file saved by save_optimizer_states (local or dist) and gives each server its part.
-  /// The file is checked whole before any server changes.
+  /// The file is checked whole before any server changes; a server whose optimizer is not the
+  /// one the file was saved for refuses it (invalid_argument, naming both).
   void load_optimizer_states(const std::filesystem::path& path) {
     wait_all();
-    auto loaded = optim::load_states<T>(path, impl_->opt_name);
+    std::string optimizer;
+    auto loaded = optim::load_states_any<T>(path, optimizer);
     for (auto& [id, ks] : loaded) {
       const record* m = lookup()(id);
       const key shown = ks.name.empty() ? key(static_cast<std::int64_t>(id)) : key(ks.name);
@@ -270,7 +374,7 @@ class KVStore<dist, T> {
           fail(errc::size_mismatch, call_kind::load_optimizer_states, shown,
                "saved state does not match the key's size");
     }
-    impl_->reqs.load_states(loaded, lookup());
+    impl_->reqs.load_states(loaded, lookup(), optimizer);
   }
 
   // ---- the cluster ---------------------------------------------------------------------------
@@ -318,7 +422,12 @@ class KVStore<dist, T> {
 
  private:
   struct impl {
-    explicit impl(const dist_options& o) : opts(o), client(o), reqs(client), eng(o.threads) {}
+    explicit impl(const dist_options& o)
+        : opts(resolved(o)),
+          colocated(start_roles(opts)),
+          client(opts, colocated ? colocated->address() : detail::own_server{}),
+          reqs(client),
+          eng(opts.threads) {}
     ~impl() {
       try {
         eng.wait_all();
@@ -332,13 +441,30 @@ class KVStore<dist, T> {
         }
       }
       client.leave_job();
+      // This process's server goes on serving the others until the job ends.
+      if (colocated) colocated->linger(opts.barrier_timeout);
+    }
+    static dist_options resolved(dist_options o) {
+      o.resolve_colocated();
+      return o;
+    }
+    static std::unique_ptr<detail::colocated_roles> start_roles(const dist_options& o) {
+      if (!o.colocated) return nullptr;
+      if (!detail::start_colocated)
+        throw error(errc::invalid_argument,
+                    "kvstore: a colocated worker (KVSTORE_COLOCATED=1) serves a shard, but the "
+                    "program was built without the server loop: include <kvstore/kvstore.hpp> "
+                    "or <kvstore/colocated.hpp>");
+      return detail::start_colocated(o);
     }
     dist_options opts;
+    // Declared before the client: destroyed after it, so this worker's connections are closed
+    // before its server lingers for the others.
+    std::unique_ptr<detail::colocated_roles> colocated;
     detail::worker_client client;
     detail::requests<T> reqs;
     detail::engine eng;  // destroyed before the client: no op outlives the network
     detail::key_table keys;
-    std::string opt_name;
     std::atomic<bool> left{false};
   };
 
@@ -369,6 +495,15 @@ class KVStore<dist, T> {
     if (n) check_size(call, *m, *n);
     if (impl_->left && detail::is_push(call))
       fail(errc::invalid_argument, call, k, "this worker left the sync group (leave())");
+    return m;
+  }
+  // The record of a key for a range op, with the range checked: errors name the key and range.
+  record* find_range(call_kind call, const key& k, std::size_t offset, std::size_t n) {
+    if (!impl_->keys.find(k.id()))
+      fail(errc::unknown_key, call, k,
+           "never inited (elements " + detail::range_str(offset, n) + ")");
+    record* m = find(call, k, std::nullopt);
+    detail::check_range(detail::call_name(call), m->k, m->total, offset, n);
     return m;
   }
   static void check_size(call_kind call, const record& m, std::size_t n) {

@@ -5,6 +5,7 @@
 // never launched SPMD may include <kvstore/dist.hpp> without the server loop (spmd.hpp).
 #pragma once
 
+#include <kvstore/colocated.hpp>
 #include <kvstore/dist.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/fwd.hpp>

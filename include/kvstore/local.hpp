@@ -51,7 +51,10 @@ struct local_entry {
   optim::state<T> state;
   /// The optimizer generation `state` belongs to; an update by another one starts fresh.
   std::uint64_t state_gen = 0;
-  std::vector<T> scratch;  ///< summed gradients, summed duplicate rows
+  /// The key's learning-rate and weight-decay multipliers (set_key_options).
+  optim::multipliers mult;
+  std::vector<T> scratch;    ///< summed gradients, summed duplicate rows
+  std::uint64_t pushes = 0;  ///< pushes applied: the key's version
 
   std::size_t rows() const noexcept { return row_length ? size / row_length : 0; }
 };
@@ -289,6 +292,62 @@ class KVStore<local, T> {
     return op(std::move(st));
   }
 
+  // ---- placement and element ranges ---------------------------------------------------------
+
+  /// (start, length) of key k's elements on server `server`: one process is server 0 and holds
+  /// (0, size). Throws unknown_key, invalid_argument (a server other than 0).
+  std::pair<std::size_t, std::size_t> slice_of(key k, int server) const {
+    auto& e = find("slice_of", k);
+    if (server != 0)
+      detail::fail(
+          errc::invalid_argument, "slice_of", k,
+          "server " + std::to_string(server) + " is out of range (a local store is one server, 0)");
+    return {0, e.size};
+  }
+
+  /// Pushes elements [offset, offset + values.size()) of the key: stored, or with an optimizer
+  /// the gradient of those elements only (the key's step count advances once). Throws
+  /// unknown_key, invalid_argument (an empty range), size_mismatch (past the key's end), naming
+  /// the key and the range. Done once the store has taken them.
+  op push_range(key k, std::size_t offset, std::span<const T> values, int priority = 0) {
+    auto& e = find_range("push_range", k, offset, values.size());
+    auto opt = current_optimizer();
+    auto st = std::make_shared<detail::op_state>(1);
+    impl_->eng.submit_sync(
+        e.k.id(), priority,
+        [ep = &e, offset, values, opt] {
+          std::lock_guard lk(ep->m);
+          push_range_task(*ep, offset, values, opt.get());
+        },
+        st, impl_->run_inline(values.size(), opt.get()));
+    return op(std::move(st));
+  }
+
+  /// Copies elements [offset, offset + out.size()) of the key into `out`. Throws as push_range.
+  op pull_range(key k, std::size_t offset, std::span<T> out, int priority = 0) {
+    auto& e = find_range("pull_range", k, offset, out.size());
+    auto st = std::make_shared<detail::op_state>(1);
+    impl_->eng.submit_sync(
+        e.k.id(), priority,
+        [ep = &e, offset, out] {
+          std::lock_guard lk(ep->m);
+          std::copy_n(ep->value.data() + offset, out.size(), out.data());
+        },
+        st, impl_->run_inline(out.size()));
+    return op(std::move(st));
+  }
+
+  // ---- versions (an addition to the contract: SINGA's param versions) ------------------------
+
+  /// Pushes applied to `k` (push, push_rows, pushpull: one each, whatever the number of values
+  /// summed), after every op issued on `k` before this call. Throws: unknown_key.
+  std::uint64_t version(key k) {
+    auto& e = find("version", k);
+    impl_->eng.wait_key(e.k.id());
+    std::lock_guard lk(e.m);
+    return e.pushes;
+  }
+
   // ---- waiting -------------------------------------------------------------------------------
 
   /// Returns once every op issued on `k` before this call is done (a key never used: at once).
@@ -299,9 +358,10 @@ class KVStore<local, T> {
 
   // ---- optimizers ----------------------------------------------------------------------------
 
-  /// Sets a registered optimizer (optim::sgd, optim::adam, optim::adagrad, or any type meeting
-  /// optim::registered_optimizer). Waits for every op in flight first; the optimizer state of
-  /// every key starts fresh. Later pushes are gradients.
+  /// Sets a registered optimizer (optim::sgd, optim::adam, optim::adagrad, optim::add, or any type
+  /// meeting optim::registered_optimizer). Waits for every op in flight first. The same type
+  /// again (new parameters: a learning-rate schedule) keeps every key's state (momentum, moments,
+  /// step count); another type starts fresh. Later pushes are gradients.
   template <optim::registered_optimizer O>
   void set_optimizer(const O& o) {
     install(optim::make_updater<T>(o));
@@ -309,7 +369,8 @@ class KVStore<local, T> {
 
   /// Sets a callable `(kvstore::key, std::span<const T> grad, std::span<T> weight)` as the
   /// optimizer (local mode only; it has no state to save). It may be called from several engine
-  /// threads at once for different keys, never twice at once for one key. Waits as above.
+  /// threads at once for different keys, never twice at once for one key. Waits as above; states
+  /// start fresh.
   template <class F>
   requires(!optim::registered_optimizer<std::remove_cvref_t<F>> &&
            optim::callable_optimizer<std::remove_cvref_t<F>, T>) void set_optimizer(F&& f) {
@@ -321,6 +382,18 @@ class KVStore<local, T> {
   void set_optimizer(optim::updater<T> u) {
     if (!u) throw error(errc::invalid_argument, "kvstore: set_optimizer: empty updater");
     install(std::move(u));
+  }
+
+  /// Scales the learning rate and weight decay of `k`'s updates (MXNet's lr_mult and wd_mult):
+  /// the built-in optimizers use learning_rate * lr_mult and weight_decay * wd_mult for this key.
+  /// Applies to ops issued after it (it waits for the key's ops in flight). Throws unknown_key,
+  /// invalid_argument (a multiplier that is not finite).
+  void set_key_options(key k, const key_options& o) {
+    detail::check_multipliers("set_key_options", k, o.lr_mult, o.wd_mult);
+    entry& e = find("set_key_options", k);
+    wait(k);
+    std::lock_guard lk(e.m);
+    e.mult = {o.lr_mult, o.wd_mult};
   }
 
   /// Writes every key's optimizer state to `path` (atomically: the old file stays whole if this
@@ -433,6 +506,16 @@ class KVStore<local, T> {
     std::shared_lock lk(impl_->m);
     return find_locked(call, k);
   }
+  // The entry of `k` for a range call, the range checked: errors name the key and the range.
+  entry& find_range(std::string_view call, const key& k, std::size_t offset, std::size_t n) const {
+    std::shared_lock lk(impl_->m);
+    if (!impl_->keys.count(k.id()))
+      detail::fail(errc::unknown_key, call, k,
+                   "never inited (elements " + detail::range_str(offset, n) + ")");
+    entry& e = find_locked(call, k);
+    detail::check_range(call, e.k, e.size, offset, n);
+    return e;
+  }
   static void check_same_name(std::string_view call, const key& have, const key& k) {
     detail::check_same_name(call, have, k);
   }
@@ -522,6 +605,7 @@ class KVStore<local, T> {
   static void push_task(detail::local_impl<T>& impl, entry& e,
                         const std::vector<std::span<const T>>& srcs,
                         const detail::local_optimizer<T>* opt) {
+    ++e.pushes;
     if (!opt) {
       impl.sum(e.value, srcs);
       return;
@@ -532,13 +616,14 @@ class KVStore<local, T> {
       impl.sum(e.scratch, srcs);
       grad = e.scratch;
     }
-    opt->u.apply(e.k, grad, e.value, state_for(e, *opt));
+    opt->u.apply(e.k, grad, e.value, state_for(e, *opt), e.mult);
   }
 
   // Runs in the key's task, e.m held. Rows are taken in ascending order; a row named several
   // times is the sum of its values in the order given.
   static void push_rows_task(entry& e, std::span<const std::int64_t> rows,
                              std::span<const T> values, const detail::local_optimizer<T>* opt) {
+    ++e.pushes;
     const std::size_t rl = e.row_length;
     std::vector<std::size_t> order(rows.size());
     std::iota(order.begin(), order.end(), std::size_t{0});
@@ -566,18 +651,37 @@ class KVStore<local, T> {
       }
       std::span<T> w(e.value.data() + row * rl, rl);
       if (opt)
-        opt->u.fn(e.k, grad, w, optim::updater<T>::view(*st, row * rl, rl));
+        opt->u.fn(e.k, grad, w, optim::updater<T>::view(*st, row * rl, rl, e.mult));
       else
         std::copy(grad.begin(), grad.end(), w.begin());
       i = j;
     }
   }
 
+  // Runs in the key's task, e.m held.
+  static void push_range_task(entry& e, std::size_t offset, std::span<const T> values,
+                              const detail::local_optimizer<T>* opt) {
+    ++e.pushes;  // a push of some elements: one version
+    std::span<T> w(e.value.data() + offset, values.size());
+    if (!opt) {
+      std::copy(values.begin(), values.end(), w.begin());
+      return;
+    }
+    auto& st = state_for(e, *opt);
+    opt->u.ensure_state(st, e.size);
+    ++st.step;
+    opt->u.fn(e.k, values, w, optim::updater<T>::view(st, offset, values.size(), e.mult));
+  }
+
   void install(optim::updater<T> u) {
     impl_->eng.wait_all();
     std::unique_lock lk(impl_->m);
+    // The same registered type keeps the states' generation, so they carry on with the new
+    // parameters; a callable or another type starts a new one.
+    const bool same = impl_->opt && !u.name.empty() && impl_->opt->u.name == u.name;
+    const std::uint64_t gen = same ? impl_->opt->gen : ++impl_->generation;
     impl_->opt = std::make_shared<const detail::local_optimizer<T>>(
-        detail::local_optimizer<T>{std::move(u), ++impl_->generation});
+        detail::local_optimizer<T>{std::move(u), gen});
   }
 
   std::unique_ptr<detail::local_impl<T>> impl_;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 namespace kvstore {
 
@@ -78,6 +79,40 @@ class op {
   }
   /// An op that is already done.
   static op done() { return op{}; }
+
+  /// An op that is done once this one is and `f(first error or nullptr)` has run: at once on
+  /// this thread when this op is already done, else on the thread that completes it (so f must
+  /// be short and must not wait for other ops). The new op's error is this op's, else what f
+  /// threw. For work that finishes an op's result (compat/mxnet.hpp's row_sparse_pull scatters
+  /// the rows it pulled into a full-shape output).
+  template <class F>
+  op then(F f) const {
+    auto next = std::make_shared<detail::op_state>(1);
+    if (s_) next->spin_us = s_->spin_us;  // waits on it like on this one
+    auto run = [next, f = std::move(f)](std::exception_ptr e) mutable {
+      try {
+        f(e);
+      } catch (...) {
+        if (!e) e = std::current_exception();
+      }
+      next->complete_part(e);
+    };
+    std::exception_ptr already;
+    if (s_) {
+      std::unique_lock lk(s_->m);
+      if (s_->remaining != 0) {
+        // Chained after the continuation the library may have set: both run, in that order.
+        s_->then = [prev = std::move(s_->then), run](std::exception_ptr e) mutable {
+          if (prev) prev(e);
+          run(e);
+        };
+        return op(std::move(next));
+      }
+      already = s_->error;
+    }
+    run(already);
+    return op(std::move(next));
+  }
 
  private:
   // Polls for completion for up to spin_us before wait() sleeps: an answer that comes within it

@@ -163,6 +163,16 @@ struct dist_options {
   /// re-sent once it is back. 0: fail them at once.
   std::chrono::milliseconds server_restart_wait{0};
 
+  /// Colocated servers (BigDL's layout): every worker process also serves one shard on its own
+  /// threads, its server rank equal to its worker rank, so the job has as many servers as workers
+  /// and no server processes. A worker process that dies takes its shard with it.
+  /// KVSTORE_COLOCATED=1; kv_launch --colocated; under a launcher (mpirun, srun, torchrun) every
+  /// process is then a worker and rank 0 also runs the scheduler. See resolve_colocated().
+  bool colocated = false;
+  /// With colocated: this worker process also runs the job's scheduler on its own thread, at
+  /// scheduler_host:scheduler_port (set for rank 0 of a colocated launch under a launcher).
+  bool colocated_scheduler = false;
+
   /// Values above this many bytes are sliced evenly over all servers.
   std::size_t slice_bytes = std::size_t{1} << 20;
   /// Payloads are sent in frames of at most this many bytes, so a later high-priority message
@@ -184,6 +194,29 @@ struct dist_options {
   /// or the scheduler stops reading that peer's requests until it reads its answers
   /// (back-pressure), so a peer that never reads cannot grow a server. KVSTORE_MAX_QUEUED_BYTES.
   std::size_t max_queued_bytes = std::size_t{64} << 20;
+  // Versions and bounded staleness.
+  /// dist_async only: a worker's pull of a key waits until every worker still in the group
+  /// (not left, not dead) has pushed that key at least (this worker's own pushes of it) -
+  /// staleness times; 0: every read sees all workers' pushes up to its own count. nullopt:
+  /// unbounded (the default, plain async). In dist_sync every push already waits for its round,
+  /// so no worker is ever ahead and staleness changes nothing. Servers apply it, so the job's
+  /// servers and workers must agree (as on KVSTORE_TYPE). KVSTORE_STALENESS=N|unbounded.
+  std::optional<std::uint64_t> staleness;
+  /// The most pulls of one worker a server holds at once, waiting for a version
+  /// (pull_options::min_version) or for slower workers (staleness); more are refused with an
+  /// error. Their row lists (pull_rows) count against max_queued_bytes. KVSTORE_MAX_HELD_PULLS.
+  std::size_t max_held_pulls = 4096;
+  /// Throws kvstore::error naming the option whose value cannot be right (a staleness above
+  /// 2^63: a negative number converted to unsigned).
+  void check_versions() const {
+    if (staleness && *staleness > static_cast<std::uint64_t>(INT64_MAX))
+      throw error(errc::invalid_argument,
+                  "dist_options::staleness = " + std::to_string(*staleness) +
+                      " is not a count of pushes (a negative value converted to unsigned?)");
+    if (max_held_pulls == 0)
+      throw error(errc::invalid_argument, "dist_options::max_held_pulls is 0");
+  }
+
   /// Engine threads of a worker; 0 = the number of cores.
   unsigned threads = 0;
   /// Barrier with all workers when the store is destroyed.
@@ -208,6 +241,26 @@ struct dist_options {
     return s;
   }
 
+  /// With colocated, the job's server count is its worker count: num_servers left at its default
+  /// (1) becomes num_workers; another value that differs is kvstore::error(invalid_argument)
+  /// naming both, and so is a server role (the servers run inside the workers). Nothing without
+  /// colocated. from_env() and KVStore<dist> call it.
+  void resolve_colocated() {
+    if (!colocated) return;
+    if (role == kvstore::role::server)
+      throw error(errc::invalid_argument,
+                  "colocated (KVSTORE_COLOCATED=1): every worker serves its own shard, so the job "
+                  "has no server processes, but this process's role is server");
+    if (num_servers == num_workers) return;
+    if (num_servers != 1)
+      throw error(errc::invalid_argument,
+                  "colocated (KVSTORE_COLOCATED=1): a job of " + std::to_string(num_workers) +
+                      " workers has " + std::to_string(num_workers) +
+                      " servers, one in each worker, but num_servers (KVSTORE_NUM_SERVERS) is " +
+                      std::to_string(num_servers));
+    num_servers = num_workers;
+  }
+
   /// "dist_sync" or "dist_async".
   std::string type_name() const { return sync ? "dist_sync" : "dist_async"; }
 
@@ -229,7 +282,9 @@ struct dist_options {
   ///     PMI_RANK/SIZE (MPICH, Slurm PMI), SLURM_PROCID/NTASKS, RANK/WORLD_SIZE (torchrun).
   ///     Rank 0 is the scheduler, the next num_servers ranks servers, the rest workers; the
   ///     scheduler is MASTER_ADDR:MASTER_PORT, else the first host of SLURM_JOB_NODELIST,
-  ///     else 127.0.0.1:9091, unless KVSTORE_SCHEDULER / DMLC_PS_ROOT_* say otherwise.
+  ///     else 127.0.0.1:9091, unless KVSTORE_SCHEDULER / DMLC_PS_ROOT_* say otherwise. With
+  ///     KVSTORE_COLOCATED=1 every rank is a worker (rank = launcher rank) and rank 0 also runs
+  ///     the scheduler.
   void apply_env();
 
   /// The rank and size a launcher gave this process (mpirun, srun, torchrun), if any.
@@ -241,6 +296,14 @@ struct dist_options {
  private:
   // Role, sizes and scheduler from a launcher's rank when no role was given.
   void apply_launcher_env();
+  // The same for a colocated job: every rank a worker, rank 0 also the scheduler.
+  void apply_colocated_launcher(const launcher_rank& l);
+  // The scheduler's address under a launcher (MASTER_ADDR, the Slurm node list).
+  void apply_launcher_scheduler();
+  // KVSTORE_COLOCATED's server count against the one the environment gave, if any.
+  void apply_colocated_env();
+  // KVSTORE_STALENESS.
+  void apply_staleness_env();
 };
 
 }  // namespace kvstore

@@ -5,6 +5,7 @@
 
 #include "support/cluster.hpp"
 #include "support/helpers.hpp"
+#include "support/process.hpp"
 
 #include <array>
 #include <atomic>
@@ -431,4 +432,65 @@ TEST_CASE("init with init_options: partition::even puts BigDL's chunk i on serve
     expect_error([&] { kv.init(9, filled(5, 1.0f), kvstore::init_options{.row_length = 2}); },
                  errc::size_mismatch, {"9", "row length 2"});
   });
+}
+
+TEST_CASE(
+    "set_optimizer from rank 0 alone; the same type keeps state; key options; states by the "
+    "servers' optimizer" *
+    doctest::timeout(90)) {
+  kvtest::temp_dir dir("kvstore-optim");
+  const std::string saved = dir / "states";
+  kvtest::cluster c(kvtest::test_options(2, 2));
+  c.run_workers([&](KVStore<dist>& kv) {
+    // key 1 is big enough to be sliced over both servers; key 2 lives on one.
+    const std::size_t big = 300'000;
+    kv.init(1, filled(big, 1.0f));
+    kv.init(2, filled(4, 1.0f));
+    if (kv.rank() == 0) {  // MXNet's scripts: rank 0 alone sets it; nobody waits at a barrier
+      kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.125, .momentum = 0.5});
+      kv.set_key_options(2, {.lr_mult = 2.0});
+    }
+    const std::vector<float> g1(big, 1.0f), g2(4, 1.0f);
+    std::vector<float> o1(big), o2(4);
+    kv.push(1, g1).wait();  // the round sums 2; mom = -0.25 (key 2: -0.5)
+    kv.push(2, g2).wait();
+    kv.pull(1, o1).wait();
+    kv.pull(2, o2).wait();
+    CHECK(o1 == filled(big, 0.75f));
+    CHECK(o2 == filled(4, 0.5f));
+    // Rank 1 never set an optimizer, yet saves the states for the servers' one.
+    if (kv.rank() == 1) kv.save_optimizer_states(saved);
+    kv.barrier();
+    // Every worker sets the same type with a new learning rate: the momentum carries on.
+    kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.25, .momentum = 0.5});
+    kv.push(1, g1).wait();  // mom = 0.5 * -0.25 - 0.25 * 2 = -0.625 (reset: -0.5)
+    kv.pull(1, o1).wait();
+    CHECK(o1 == filled(big, 0.125f));
+    kv.barrier();
+    // The saved momentum (-0.25) back: mom = 0.5 * -0.25 - 0.5 = -0.625 (not loaded: -0.8125).
+    if (kv.rank() == 1) kv.load_optimizer_states(saved);
+    kv.barrier();
+    kv.push(1, g1).wait();
+    kv.pull(1, o1).wait();
+    CHECK(o1 == filled(big, -0.5f));
+    kv.barrier();
+    // Another type starts fresh and refuses states saved for sgd, naming both.
+    if (kv.rank() == 0) kv.set_optimizer(kvstore::optim::add{});
+    kv.barrier();
+    kv.push(2, g2).wait();  // add: w += 2
+    kv.pull(2, o2).wait();
+    CHECK(o2 == filled(4, 2.5f));
+    if (kv.rank() == 0)
+      expect_error([&] { kv.load_optimizer_states(saved); }, errc::invalid_argument,
+                   {"\"sgd\"", "\"add\""});
+    expect_error([&] { kv.set_key_options(99, {}); }, errc::unknown_key, {"99"});
+    expect_error([&] { kv.set_key_options(2, {.wd_mult = 1.0 / 0.0}); }, errc::invalid_argument,
+                 {"finite"});
+  });
+  // The file names the servers' optimizer: a local store with sgd loads it.
+  kvstore::KVStore<kvstore::local> local;
+  local.init(1, filled(300'000, 0.0f));
+  local.init(2, filled(4, 0.0f));
+  local.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.1, .momentum = 0.5});
+  local.load_optimizer_states(saved);
 }

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Starts real kvstore jobs the way cluster launchers do, on loopback only, and checks they succeed.
 #
-#   launch_test.sh MODE DIST_SMOKE KV_SERVER TRAIN_MNIST
+#   launch_test.sh MODE DIST_SMOKE KV_SERVER TRAIN_MNIST [PLACEMENT_SMOKE]
 #
 # MODE:
 #   mpirun_train  mpirun -np 5 train_mnist (SPMD: rank 0 scheduler, 1-2 servers, 3-4 workers)
 #   mpirun_smoke  mpirun -np 5 dist_smoke  (SPMD, exact values)
 #   mpirun_mpmd   mpirun -np 1 kv_server --role scheduler : -np 2 kv_server --role server : -np 2 dist_smoke
+#   mpirun_colocated  mpirun -np 3 -x KVSTORE_COLOCATED=1 placement_smoke (every rank a worker serving
+#                 a shard, rank 0 also the scheduler), then dist_smoke the same way with 2 ranks, then
+#                 a server count that differs (refused by every rank, naming both numbers)
 #   env_slurm     4 dist_smoke processes with SLURM_PROCID/SLURM_NTASKS/SLURM_JOB_NODELIST (no srun here)
 #   env_torchrun  4 dist_smoke processes with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (no torchrun here)
 #   env_dmlc      5 dist_smoke processes with DMLC_ROLE/DMLC_PS_ROOT_URI/... (as dmlc-tracker sets them)
@@ -19,6 +22,7 @@ mode=${1:?mode}
 dist_smoke=${2:?dist_smoke path}
 kv_server=${3:?kv_server path}
 train_mnist=${4:?train_mnist path}
+placement_smoke=${5:-}
 
 skip=77
 limit=240          # seconds for one job (ctest gives the test 300)
@@ -149,6 +153,28 @@ case $mode in
       -np 2 "${job_env[@]}" "$kv_server" --role server : \
       -np 2 "${job_env[@]}" "$dist_smoke" || fail "mpirun exited $?"
     expect_workers_ok 2
+    ;;
+  mpirun_colocated)
+    need_mpirun
+    [[ -x $placement_smoke ]] || fail "no placement_smoke binary given"
+    colocated_env=(-x KVSTORE_COLOCATED=1 -x "KVSTORE_SCHEDULER=127.0.0.1:$port" -x KVSTORE_LOG=0)
+    run_logged placement mpirun "${mpirun_flags[@]}" -np 3 "${colocated_env[@]}" "$placement_smoke" ||
+      fail "mpirun placement_smoke exited $?"
+    for r in 0 1 2; do
+      expect placement "placement_smoke rank $r of 3 workers, 3 servers, dist_sync, colocated" \
+        "placement_smoke rank $r ok"
+    done
+    port=$(free_port) || fail "no free port"
+    colocated_env=(-x KVSTORE_COLOCATED=1 -x "KVSTORE_SCHEDULER=127.0.0.1:$port" -x KVSTORE_LOG=0)
+    run_logged smoke mpirun "${mpirun_flags[@]}" -np 2 "${colocated_env[@]}" "$dist_smoke" ||
+      fail "mpirun dist_smoke exited $?"
+    expect_workers_ok 2
+    # A server count that differs from the ranks: every rank refuses it at once, naming both.
+    if run_logged mismatch mpirun "${mpirun_flags[@]}" -np 2 "${colocated_env[@]}" \
+      -x KVSTORE_NUM_SERVERS=3 "$dist_smoke"; then
+      fail "a colocated job of 2 ranks with KVSTORE_NUM_SERVERS=3 succeeded"
+    fi
+    expect mismatch "2 workers" "KVSTORE_NUM_SERVERS=3"
     ;;
   env_slurm)
     # As `srun -n 4 dist_smoke` sets them: rank 0 scheduler, 1 server, 2 workers.

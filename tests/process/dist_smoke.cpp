@@ -1,7 +1,9 @@
 // dist_smoke: a small worker program for `kv_launch -w W -s S -- dist_smoke [--wrong] [--hold]`.
-// Each worker inits keys, runs sync rounds of push/pull, rows and a barrier, and checks every
-// value exactly. Exit codes: 0 all values right, 1 a wrong value, 2 a kvstore error, 3 an error
-// while holding (--hold), 4 holding lasted 60 s without an error.
+// Each worker inits keys, runs sync rounds of push/pull, rows, a command to the servers and a
+// barrier, and checks every value exactly. Launched SPMD (mpirun, srun, torchrun), its servers
+// run the command handler registered below; under kv_launch, kv_server's. Exit codes: 0 all values
+// right, 1 a wrong value, 2 a kvstore error, 3 an error while holding (--hold), 4 holding lasted 60
+// s without an error.
 //   --wrong  expect a wrong sum on purpose (to prove a wrong value fails the job)
 //   --hold   after the checks keep pushing and pulling until an error (a killed server) ends it
 #include <kvstore/kvstore.hpp>
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -21,6 +24,10 @@ int fail_value(int rank, const std::string& what, double got, double want) {
 }
 
 }  // namespace
+
+// Accepts every command: without it an SPMD server would answer send_command_to_servers with
+// errc::unsupported, and the run below would fail.
+KVSTORE_REGISTER_COMMAND_HANDLER([](int, std::string_view) {});
 
 int main(int argc, char** argv) {
   bool wrong = false, hold = false;
@@ -77,6 +84,7 @@ int main(int argc, char** argv) {
           return fail_value(rank, "row " + std::to_string(row),
                             rows[static_cast<std::size_t>(row * 3 + j)], count);
     }
+    kv.send_command_to_servers(1, "dist_smoke rank " + std::to_string(rank));
     kv.barrier();
     std::printf("dist_smoke rank %d ok\n", rank);
     std::fflush(stdout);

@@ -392,3 +392,46 @@ TEST_CASE("a value out of range or of the wrong type is refused naming the optio
     CHECK(r.err.find(says) != std::string::npos);
   }
 }
+
+TEST_CASE(
+    "--colocated: no server process, every child told KVSTORE_COLOCATED=1 and W servers; "
+    "-s that differs from -w is refused naming both" *
+    doctest::timeout(60)) {
+  temp_dir dir;
+  auto server = standin_server(dir);
+  ::setenv("KVSTORE_COLOCATED", "1", 1);  // a stale value must not reach a plain job
+  std::string worker =
+      "echo \"role=$KVSTORE_ROLE rank=$KVSTORE_RANK w=$KVSTORE_NUM_WORKERS "
+      "s=$KVSTORE_NUM_SERVERS colocated=${KVSTORE_COLOCATED-unset}\"";
+  auto plain = run(dir, {"-w", "1", "-s", "1", "--server", server.string(), "--timeout", "50",
+                         "/bin/sh", "-c", worker});
+  ::unsetenv("KVSTORE_COLOCATED");
+  CHECK(plain.code == 0);
+  CHECK(by_prefix(plain.out)["worker 0"] ==
+        std::vector<std::string>{"role=worker rank=0 w=1 s=1 colocated=unset"});
+
+  for (std::vector<std::string> sizes :
+       {std::vector<std::string>{"-w", "3", "--colocated"},
+        std::vector<std::string>{"--colocated", "-w", "3", "-s", "3"}}) {
+    auto args = sizes;
+    for (const std::string& a : std::vector<std::string>{"--server", server.string(), "--timeout",
+                                                         "50", "/bin/sh", "-c", worker})
+      args.push_back(a);
+    auto r = run(dir, args);
+    CHECK(r.code == 0);
+    auto out = by_prefix(r.out);
+    CHECK(out.size() == 4);  // the scheduler and three workers, no server
+    REQUIRE(out["scheduler"].size() == 1);
+    CHECK(out["scheduler"][0].find("role=scheduler") != std::string::npos);
+    CHECK(out["scheduler"][0].find("w=3 s=3") != std::string::npos);
+    for (int i = 0; i < 3; ++i)
+      CHECK(out["worker " + std::to_string(i)] ==
+            std::vector<std::string>{"role=worker rank=" + std::to_string(i) +
+                                     " w=3 s=3 colocated=1"});
+  }
+
+  auto r = run(dir, {"-w", "2", "-s", "3", "--colocated", "true"});
+  CHECK(r.code == 2);
+  CHECK(r.err.find("-s 3 differs from -w 2") != std::string::npos);
+  CHECK(r.out.empty());
+}

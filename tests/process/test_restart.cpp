@@ -1,6 +1,7 @@
 // Checkpoints and restart: a server process killed with SIGKILL mid-training and started again
 // with the same rank restores its snapshot; the worker waits for it, re-sends what was in flight,
-// and training goes on with every push applied exactly once. A corrupt snapshot is refused.
+// and training goes on with every push applied exactly once, and every key's version (rounds or
+// pushes) counted once. A corrupt snapshot is refused.
 #include <kvstore/server/checkpoint.hpp>  // first: the header is self-contained
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
@@ -105,6 +106,9 @@ TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is l
     CHECK(restarted.load());
     for (float x : out) REQUIRE(x == static_cast<float>(rounds));  // exactly once each
     for (float x : rout) REQUIRE(x == static_cast<float>(rounds));
+    // The versions (rounds completed) came through the restart, each round counted once.
+    CHECK(kv.version("weights") == rounds);
+    CHECK(kv.version("rows") == rounds);
   }
   if (killer.joinable()) killer.join();
   CHECK(server.wait_exit(15'000ms) == 0);  // the restarted server ends with the job
@@ -192,6 +196,9 @@ TEST_CASE(
                   " (the first at ", first_wrong, ": ", first_wrong < n ? out[first_wrong] : 0.f,
                   "; last: ", out[n - 1], ")");
     for (float x : outs) REQUIRE(x == static_cast<float>(rounds));
+    // The versions (pushes applied) came through the restart, the half-applied push once.
+    CHECK(kv.version("big") == rounds);
+    CHECK(kv.version("small") == rounds);
   }
   if (killer.joinable()) killer.join();
   CHECK(server.wait_exit(15'000ms) == 0);

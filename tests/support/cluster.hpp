@@ -1,5 +1,6 @@
 // Threads-as-ranks harness for dist tests: a scheduler and servers run as threads of the test
-// process on 127.0.0.1 (port 0: no clashes between parallel tests), workers as threads too; the
+// process on 127.0.0.1 (port 0: no clashes between parallel tests), workers as threads too (with
+// colocated options each worker's store serves a shard itself, and no server thread starts); the
 // first failure of any thread is rethrown. Every wait is bounded by the options' deadlines.
 #pragma once
 
@@ -39,7 +40,8 @@ class cluster {
     sched_ = std::make_unique<kvstore::scheduler>(opts_);
     opts_.scheduler_port = sched_->port();
     threads_.emplace_back([this] { guard([&] { sched_->run(); }); });
-    for (int s = 0; s < opts_.num_servers; ++s) {
+    // Colocated (dist_options::colocated): every worker's store runs its own server.
+    for (int s = 0; s < opts_.num_servers && !opts_.colocated; ++s) {
       auto so = opts_;
       so.role = kvstore::role::server;
       so.rank_hint = s;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <exception>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -135,4 +136,41 @@ TEST_CASE("parallel_for covers the range once, also from inside a task" * doctes
       st);
   kvstore::op(st).wait();
   for (int h : hits) REQUIRE(h == 1);
+}
+
+TEST_CASE("op::then runs after the op is done and its op waits for it" * doctest::timeout(30)) {
+  // Already done: f runs at once, on this thread.
+  int ran = 0;
+  kvstore::op::done().then([&](std::exception_ptr e) { ran += e ? 100 : 1; }).wait();
+  CHECK(ran == 1);
+
+  // Pending: f runs on the thread that completes the last part, after the library's own
+  // continuation, and the new op is done only once f has run.
+  std::vector<int> order;
+  auto st = std::make_shared<op_state>(2, [&](std::exception_ptr) { order.push_back(1); });
+  auto next = kvstore::op(st).then([&](std::exception_ptr e) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    order.push_back(e ? -2 : 2);
+  });
+  CHECK_FALSE(next.ready());
+  st->complete_part();
+  CHECK_FALSE(next.ready());
+  std::thread t([st] { st->complete_part(); });
+  next.wait();
+  t.join();
+  CHECK(order == std::vector<int>{1, 2});
+}
+
+TEST_CASE("op::then: the op's error reaches f and the new op; what f throws is its error" *
+          doctest::timeout(30)) {
+  auto bad = std::make_shared<op_state>(1);
+  bool saw_error = false;
+  auto next = kvstore::op(bad).then([&](std::exception_ptr e) { saw_error = e != nullptr; });
+  bad->complete_part(std::make_exception_ptr(kvstore::error(kvstore::errc::timeout, "late")));
+  CHECK_THROWS_WITH_AS(next.wait(), "late", kvstore::error);
+  CHECK(saw_error);
+
+  auto thrower = kvstore::op::done().then(
+      [](std::exception_ptr) { throw kvstore::error(kvstore::errc::invalid_argument, "from f"); });
+  CHECK_THROWS_WITH_AS(thrower.wait(), "from f", kvstore::error);
 }

@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -429,7 +430,8 @@ TEST_CASE("sgd: exact values after two pushes; multi-device gradients summed fir
   CHECK(pulled(kv, "w", 2) == std::vector<float>{-0.25f, 1.375f});
 }
 
-TEST_CASE("a lambda optimizer; set_optimizer waits and restarts states" * doctest::timeout(60)) {
+TEST_CASE("a lambda optimizer; set_optimizer waits, keeps the state of the same type" *
+          doctest::timeout(60)) {
   store kv(kvstore::local_options{.threads = 2});
   kv.init(0, std::vector<float>{10, 10});
   kv.init("x", std::vector<float>{1});
@@ -457,9 +459,39 @@ TEST_CASE("a lambda optimizer; set_optimizer waits and restarts states" * doctes
   kv.push(0, std::vector<float>{1, 1}).wait();
   kv.push(0, std::vector<float>{1, 1}).wait();  // mom: -1, then -1.5
   CHECK(pulled(kv, 0, 2) == std::vector<float>{-1.5f, 2.5f});
+  // The same type again (a learning-rate schedule) keeps the momentum: mom = 0.5 * -1.5 - 1.
   kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 1, .momentum = 0.5});
-  kv.push(0, std::vector<float>{1, 1}).wait();  // mom restarts: -1
-  CHECK(pulled(kv, 0, 2) == std::vector<float>{-2.5f, 1.5f});
+  kv.push(0, std::vector<float>{1, 1}).wait();
+  CHECK(pulled(kv, 0, 2) == std::vector<float>{-3.25f, 0.75f});
+  // Another type starts fresh; back to sgd after it, the momentum restarts from zero: -1.
+  kv.set_optimizer(kvstore::optim::add{});
+  kv.push(0, std::vector<float>{1, 1}).wait();  // add: w += g
+  CHECK(pulled(kv, 0, 2) == std::vector<float>{-2.25f, 1.75f});
+  kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 1, .momentum = 0.5});
+  kv.push(0, std::vector<float>{1, 1}).wait();
+  CHECK(pulled(kv, 0, 2) == std::vector<float>{-3.25f, 0.75f});
+}
+
+TEST_CASE("set_key_options scales a key's learning rate and weight decay" * doctest::timeout(60)) {
+  store kv;
+  kv.init(1, std::vector<float>{1, 1});
+  kv.init(2, std::vector<float>{1, 1});
+  kv.init(3, std::vector<float>{1, 1, 1, 1}, 2);
+  kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.1, .weight_decay = 0.5});
+  kv.set_key_options(2, {.lr_mult = 2.0, .wd_mult = 0.0});
+  kv.set_key_options(3, {.lr_mult = 0.0});
+  const std::vector<float> g{2, 2};  // alive until the ops are done
+  kv.push(1, g);
+  kv.push(2, g);
+  const std::vector<std::int64_t> row{1};
+  kv.push_rows(3, row, g);
+  kv.wait_all();
+  CHECK(pulled(kv, 1, 2) == std::vector<float>{0.75f, 0.75f});  // 1 - 0.1 * (2 + 0.5)
+  CHECK(pulled(kv, 2, 2) == std::vector<float>{0.6f, 0.6f});    // 1 - 0.2 * 2
+  CHECK(pulled(kv, 3, 4) == std::vector<float>{1, 1, 1, 1});    // lr x 0: frozen
+  CHECK_THROWS_AS(kv.set_key_options(9, {}), kvstore::error);
+  CHECK_THROWS_AS(kv.set_key_options(1, {.lr_mult = std::nan("")}), kvstore::error);
+  CHECK(pulled(kv, 1, 2) == std::vector<float>{0.75f, 0.75f});
 }
 
 TEST_CASE_TEMPLATE("save/load optimizer states: identical continued training" *
@@ -672,4 +704,68 @@ TEST_CASE("grouping a multi-key call: first-appearance order, repeats joined, pa
   CHECK(groups[3].bufs[1].data() == &storage[20]);
   CHECK(groups[3].bufs[2].data() == &storage[39]);
   CHECK(groups[37].bufs.size() == 1);
+}
+
+TEST_CASE("version: pushes applied to the key, after the ops issued on it before" *
+          doctest::timeout(60)) {
+  store kv;
+  std::vector<float> v(4, 0.f), g(4, 1.f);
+  kv.init(1, v);
+  kv.init(2, v, 2);
+  CHECK(kv.version(1) == 0);
+  kv.push(1, g);
+  kv.push(1, {std::span<const float>(g), std::span<const float>(g)});  // summed: one push
+  std::vector<float> out(4);
+  kv.pushpull(1, g, out);
+  CHECK(kv.version(1) == 3);  // waits for the three ops on key 1 (not waited here)
+  const std::int64_t rows[] = {1};
+  kv.push_rows(2, rows, std::span<const float>(g.data(), 2));
+  std::vector<key> ks{1, 2};
+  std::vector<std::span<const float>> vals{g, g};
+  kv.push(ks, vals);
+  CHECK(kv.version(1) == 4);
+  CHECK(kv.version(2) == 2);
+  kv.pull(1, out).wait();  // a pull changes nothing
+  CHECK(kv.version(1) == 4);
+  expect_error([&] { (void)kv.version(9); }, errc::unknown_key, "key 9");
+}
+
+TEST_CASE(
+    "element ranges: slice_of is the whole key on server 0; push_range stores or updates "
+    "only its elements; pull_range reads them" *
+    doctest::timeout(60)) {
+  store kv;
+  std::vector<float> init{0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+  kv.init(4, init);
+  CHECK(kv.slice_of(4, 0) == std::pair<std::size_t, std::size_t>{0, 10});
+  expect_error([&] { (void)kv.slice_of(4, 1); }, errc::invalid_argument, "server 1");
+  expect_error([&] { (void)kv.slice_of(5, 0); }, errc::unknown_key, "key 5");
+
+  std::vector<float> v{10, 20, 30};
+  kv.push_range(4, 7, v).wait();
+  std::vector<float> mid(4);
+  kv.pull_range(4, 6, mid).wait();
+  CHECK(mid == std::vector<float>{6, 10, 20, 30});
+  std::vector<float> all(10);
+  kv.pull(4, all).wait();
+  CHECK(all == std::vector<float>{0, 1, 2, 3, 4, 5, 6, 10, 20, 30});
+
+  // With sgd (lr 0.5, momentum 0.5): the momentum slot of the range's elements only.
+  kv.set_optimizer(kvstore::optim::sgd{.learning_rate = 0.5, .momentum = 0.5});
+  std::vector<float> g{2, 4};
+  kv.push_range(4, 1, g).wait();
+  kv.push_range(4, 1, g).wait();
+  kv.pull(4, all).wait();
+  // step 1: mom = -1, -2; w = 0, 0. step 2: mom = -0.5 - 1 = -1.5, -1 - 2 = -3; w = -1.5, -3.
+  CHECK(all == std::vector<float>{0, 1 - 1 - 1.5f, 2 - 2 - 3, 3, 4, 5, 6, 10, 20, 30});
+
+  // Bad ranges: errors naming the key and the range; nothing changes.
+  std::vector<float> three(3), none;
+  expect_error([&] { kv.push_range(4, 8, three); }, errc::size_mismatch, "[8, 11)");
+  expect_error([&] { kv.pull_range(4, 11, three); }, errc::size_mismatch, "key 4");
+  expect_error([&] { kv.push_range(4, 2, none); }, errc::invalid_argument, "empty range");
+  expect_error([&] { kv.pull_range(9, 0, three); }, errc::unknown_key, "[0, 3)");
+  std::vector<float> again(10);
+  kv.pull(4, again).wait();
+  CHECK(again == all);
 }

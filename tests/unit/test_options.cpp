@@ -43,6 +43,9 @@ constexpr const char* all_vars[] = {"KVSTORE_ROLE",
                                     "KVSTORE_BARRIER_TIMEOUT_MS",
                                     "KVSTORE_HEARTBEAT_MS",
                                     "KVSTORE_DEAD_TIMEOUT_MS",
+                                    "KVSTORE_STALENESS",
+                                    "KVSTORE_COLOCATED",
+                                    "KVSTORE_MAX_HELD_PULLS",
                                     "DMLC_ROLE",
                                     "DMLC_PS_ROOT_URI",
                                     "DMLC_PS_ROOT_PORT",
@@ -472,4 +475,132 @@ TEST_CASE("a launcher's job too small, or sizes that disagree with it") {
   CHECK(dist_options::from_env().num_workers == 1);
   g.set("KVSTORE_NUM_WORKERS", "2");
   check_error_names("KVSTORE_NUM_WORKERS");
+}
+
+TEST_CASE("KVSTORE_STALENESS: a count of pushes or unbounded; negative or junk names it") {
+  env_guard g;
+  CHECK_FALSE(dist_options::from_env().staleness.has_value());  // default: unbounded
+  g.set("KVSTORE_STALENESS", "0");
+  CHECK(dist_options::from_env().staleness == std::optional<std::uint64_t>(0));
+  g.set("KVSTORE_STALENESS", "3");
+  CHECK(dist_options::from_env().staleness == std::optional<std::uint64_t>(3));
+  g.set("KVSTORE_STALENESS", "unbounded");
+  CHECK_FALSE(dist_options::from_env().staleness.has_value());
+  for (const char* v :
+       {"-1", "+1", " 1", "1.5", "two", "9223372036854775808", "99999999999999999999999"}) {
+    CAPTURE(std::string(v));
+    g.set("KVSTORE_STALENESS", v);
+    check_error_names("KVSTORE_STALENESS");
+  }
+  g.unset("KVSTORE_STALENESS");
+  g.set("KVSTORE_MAX_HELD_PULLS", "16");
+  CHECK(dist_options::from_env().max_held_pulls == 16);
+  g.set("KVSTORE_MAX_HELD_PULLS", "0");
+  check_error_names("KVSTORE_MAX_HELD_PULLS");
+}
+
+TEST_CASE("dist_options::check_versions: a converted negative staleness names the option") {
+  dist_options o;
+  CHECK_NOTHROW(o.check_versions());
+  o.staleness = 0;
+  CHECK_NOTHROW(o.check_versions());
+  o.staleness = static_cast<std::uint64_t>(-1);
+  try {
+    o.check_versions();
+    FAIL("no error");
+  } catch (const kvstore::error& e) {
+    CHECK(e.code() == kvstore::make_error_code(kvstore::errc::invalid_argument));
+    CHECK(std::string(e.what()).find("staleness") != std::string::npos);
+  }
+  o.staleness.reset();
+  o.max_held_pulls = 0;
+  CHECK_THROWS_AS(o.check_versions(), kvstore::error);
+}
+
+// ---- colocated servers (KVSTORE_COLOCATED) -------------------------------------------------
+
+TEST_CASE(
+    "KVSTORE_COLOCATED=1: one server in each worker; a server count that differs is an "
+    "error naming both numbers") {
+  env_guard g{{"KVSTORE_COLOCATED", "1"}, {"KVSTORE_NUM_WORKERS", "3"}};
+  auto o = dist_options::from_env();
+  CHECK(o.colocated);
+  CHECK_FALSE(o.colocated_scheduler);
+  CHECK(o.num_workers == 3);
+  CHECK(o.num_servers == 3);
+  g.set("KVSTORE_NUM_SERVERS", "3");  // the same count, given: fine
+  CHECK(dist_options::from_env().num_servers == 3);
+  for (const char* var : {"KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER"}) {
+    CAPTURE(var);
+    g.unset("KVSTORE_NUM_SERVERS");
+    g.set(var, "2");
+    try {
+      (void)dist_options::from_env();
+      FAIL("no error");
+    } catch (const kvstore::error& e) {
+      const std::string m = e.what();
+      CHECK(e.code() == kvstore::make_error_code(kvstore::errc::invalid_argument));
+      CHECK(m.find(var) != std::string::npos);
+      CHECK(m.find("3 workers") != std::string::npos);
+      CHECK(m.find("2 servers") != std::string::npos);
+    }
+    g.unset(var);
+  }
+  g.set("KVSTORE_COLOCATED", "0");
+  g.set("KVSTORE_NUM_SERVERS", "2");
+  o = dist_options::from_env();
+  CHECK_FALSE(o.colocated);
+  CHECK(o.num_servers == 2);
+  g.set("KVSTORE_COLOCATED", "yes");
+  check_error_names("KVSTORE_COLOCATED");
+  // A server process has no place in a colocated job.
+  g.set("KVSTORE_COLOCATED", "1");
+  g.unset("KVSTORE_NUM_SERVERS");
+  g.set("KVSTORE_ROLE", "server");
+  check_error_names("colocated");
+}
+
+TEST_CASE("colocated under a launcher: every rank a worker, rank 0 also the scheduler") {
+  env_guard g{{"KVSTORE_COLOCATED", "1"}, {"OMPI_COMM_WORLD_SIZE", "3"}};
+  for (int rank = 0; rank < 3; ++rank) {
+    CAPTURE(rank);
+    g.set("OMPI_COMM_WORLD_RANK", std::to_string(rank).c_str());
+    const auto o = dist_options::from_env();
+    CHECK(o.role == role::worker);
+    CHECK(o.rank_hint == rank);
+    CHECK(o.num_workers == 3);
+    CHECK(o.num_servers == 3);
+    CHECK(o.colocated_scheduler == (rank == 0));
+  }
+  g.set("MASTER_ADDR", "10.1.2.3");  // where rank 0's scheduler listens
+  g.set("MASTER_PORT", "7000");
+  auto o = dist_options::from_env();
+  CHECK(o.scheduler_host == "10.1.2.3");
+  CHECK(o.scheduler_port == 7000);
+  g.set("KVSTORE_NUM_WORKERS", "2");  // disagrees with the launcher's 3 processes
+  check_error_names("KVSTORE_NUM_WORKERS");
+  g.unset("KVSTORE_NUM_WORKERS");
+  g.set("KVSTORE_NUM_SERVERS", "1");
+  check_error_names("KVSTORE_NUM_SERVERS");
+}
+
+TEST_CASE(
+    "resolve_colocated in code: num_servers at its default follows the workers; another "
+    "count is an error naming both") {
+  dist_options o;
+  o.num_workers = 4;
+  o.resolve_colocated();  // not colocated: nothing changes
+  CHECK(o.num_servers == 1);
+  o.colocated = true;
+  o.resolve_colocated();
+  CHECK(o.num_servers == 4);
+  o.num_servers = 2;
+  try {
+    o.resolve_colocated();
+    FAIL("no error");
+  } catch (const kvstore::error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("4 workers") != std::string::npos);
+    CHECK(m.find("is 2") != std::string::npos);
+  }
 }

@@ -6,6 +6,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 
 #include <kvstore/server/snapshots.hpp>
+#include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>
 #include <kvstore/wire/snapshot.hpp>
@@ -13,9 +14,12 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -51,10 +55,11 @@ struct box_port {
     box->got.push_back(std::move(a));
   }
   void send(const wire::header& h, std::span<const std::byte> payload,
-            std::shared_ptr<const void> keep) const {
-    CHECK(keep != nullptr);
+            std::shared_ptr<const void> keep, std::string meta = {}) const {
+    CHECK((payload.empty() || keep != nullptr));
     answer a;
     a.h = h;
+    a.message = std::move(meta);
     a.status = static_cast<errc>(h.status);
     a.data = h.command == wire::cmd::data;
     a.raw.assign(reinterpret_cast<const char*>(payload.data()), payload.size());
@@ -149,19 +154,13 @@ struct fixture {
   /// The value a pull of `key` answers, put together from its data frames.
   std::vector<float> pull(std::uint64_t key, std::uint64_t total, std::uint64_t lo = 0,
                           int rank = 0) {
-    wire::header h;
-    h.command = wire::cmd::pull;
-    h.key = key;
-    h.req_id = ++req;
-    h.type = wire::dtype::f32;
-    h.total = total;
     auto& g = got(rank);
     g.clear();
-    sh.handle(rank, port(rank), h, {}, {});
+    const std::uint64_t id = send_pull(rank, key, total);
     std::vector<float> out;
     for (std::size_t i = 0; i < g.size(); ++i) {
       REQUIRE(g[i].data);
-      CHECK(g[i].h.req_id == h.req_id);
+      CHECK(g[i].h.req_id == id);
       CHECK(g[i].h.offset == lo + out.size());
       CHECK(((g[i].h.flags & wire::flag_last) != 0) == (i + 1 == g.size()));
       out.insert(out.end(), g[i].values.begin(), g[i].values.end());
@@ -198,7 +197,17 @@ struct fixture {
     REQUIRE(got(0).back().status == errc::ok);
     got(0).clear();
   }
-  /// The save_states answer's payload and entry count.
+  /// Sets `key`'s learning-rate and weight-decay multipliers.
+  void set_key_options(std::uint64_t key, std::uint64_t total, double lr, double wd) {
+    wire::header h = wire::key_options_header({key, total, wire::dtype::f32});
+    h.req_id = ++req;
+    sh.handle(0, port(0), h, wire::encode_key_multipliers({lr, wd}), {});
+    REQUIRE(got(0).size() == 1);
+    REQUIRE(got(0).back().status == errc::ok);
+    got(0).clear();
+  }
+  /// The save_states answer's payload and entry count; its text (the optimizer's name) in
+  /// saved_for.
   std::pair<std::string, std::uint64_t> save_states() {
     wire::header h;
     h.command = wire::cmd::save_states;
@@ -209,15 +218,67 @@ struct fixture {
     auto a = got(0).back();
     got(0).clear();
     CHECK(a.h.command == wire::cmd::response);
+    saved_for = a.message;
     return {a.raw, a.h.aux};
   }
-  void load_states(const std::string& payload) {
+  /// Loads states saved for the optimizer `name` (default: the shard's own).
+  void load_states(const std::string& payload, std::optional<std::string> name = std::nullopt) {
     wire::header h;
     h.command = wire::cmd::load_states;
     h.req_id = ++req;
     h.payload_len = payload.size();
-    sh.handle(0, port(0), h, {},
+    sh.handle(0, port(0), h, name ? *name : sh.optimizer_name(),
               {reinterpret_cast<const std::byte*>(payload.data()), payload.size()});
+  }
+  std::string saved_for;
+
+  /// Sends a pull of `key` from `rank` asking for `min_version`, without reading the answer.
+  std::uint64_t send_pull(int rank, std::uint64_t key, std::uint64_t total,
+                          std::uint64_t min_version = 0) {
+    wire::header h;
+    h.command = wire::cmd::pull;
+    h.key = key;
+    h.req_id = ++req;
+    h.type = wire::dtype::f32;
+    h.total = total;
+    h.aux = min_version;
+    sh.handle(rank, port(rank), h, {}, {});
+    return h.req_id;
+  }
+  /// The value of the answer to request `req_id` in `rank`'s outbox (empty: not answered);
+  /// the answer's frames are taken out of the outbox.
+  std::vector<float> answer_of(int rank, std::uint64_t req_id) {
+    auto& g = got(rank);
+    std::vector<float> out;
+    bool last = false;
+    for (auto it = g.begin(); it != g.end();) {
+      if (it->h.req_id != req_id || !it->data) {
+        ++it;
+        continue;
+      }
+      out.insert(out.end(), it->values.begin(), it->values.end());
+      last = (it->h.flags & wire::flag_last) != 0;
+      it = g.erase(it);
+    }
+    REQUIRE((out.empty() || last));
+    return out;
+  }
+  /// The slice's version, as the version command answers it.
+  std::uint64_t version(std::uint64_t key, std::uint64_t total, int rank = 0) {
+    wire::header h;
+    h.command = wire::cmd::version;
+    h.key = key;
+    h.req_id = ++req;
+    h.type = wire::dtype::f32;
+    h.total = total;
+    sh.handle(rank, port(rank), h, {}, {});
+    REQUIRE(!got(rank).empty());
+    auto a = got(rank).back();
+    got(rank).pop_back();
+    REQUIRE(a.h.command == wire::cmd::response);
+    REQUIRE(a.status == errc::ok);
+    CHECK(a.h.req_id == h.req_id);
+    return a.h.aux;
   }
 
   shard_t sh;
@@ -499,6 +560,7 @@ TEST_CASE("optimizer states: save, load into a twin, the same bytes again" * doc
   const auto& saved = saved_and_count.first;
   const auto count = saved_and_count.second;
   CHECK(count == 2);
+  CHECK(a.saved_for == "adam");
   auto entries = wire::decode_states(saved);
   REQUIRE(entries.size() == 2);
   b.load_states(saved);
@@ -508,6 +570,16 @@ TEST_CASE("optimizer states: save, load into a twin, the same bytes again" * doc
   CHECK(b.sh.slices().at(2).st_f.step == 2);
   CHECK(b.sh.slices().at(2).st_f.slots == a.sh.slices().at(2).st_f.slots);
   CHECK(b.sh.slices().at(1).st_f.slots == a.sh.slices().at(1).st_f.slots);
+  // States saved for another optimizer are refused whole, naming both.
+  b.got(0).clear();
+  try {
+    b.load_states(saved, "sgd");
+    FAIL("states saved for sgd loaded into adam");
+  } catch (const kvstore::error& e) {
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("\"sgd\"") != std::string::npos);
+    CHECK(std::string(e.what()).find("\"adam\"") != std::string::npos);
+  }
 
   // States that do not fit a slice change nothing.
   fixture c(1);
@@ -531,6 +603,7 @@ TEST_CASE("snapshot round trip: take, encode, decode, restore serves the same" *
   o.learning_rate = 0.25;
   o.momentum = 0.5;
   a.set_optimizer("sgd", params_of(o));
+  a.set_key_options(3, 8, 2.0, 0.5);
   a.push(0, 1, {1, 1, 1, 1}, 0, 4, 1);
   a.push(1, 1, {1, 2, 3, 4}, 0, 4, 1);
   a.push_rows(0, 3, {3}, {1, 1}, 8, 2);
@@ -546,6 +619,9 @@ TEST_CASE("snapshot round trip: take, encode, decode, restore serves the same" *
   CHECK(b.sh.optimizer_name() == "sgd");
   CHECK(b.sh.slices().at(1).round == 1);
   CHECK(b.sh.slices().at(1).st_f.slots == a.sh.slices().at(1).st_f.slots);
+  CHECK(b.sh.slices().at(3).mult.lr == 2.0);  // the key's multipliers survive a restart
+  CHECK(b.sh.slices().at(3).mult.wd == 0.5);
+  CHECK(b.sh.slices().at(1).mult.lr == 1.0);
   // The same bytes again, slices in key order (a hash map's order is its own).
   auto by_key = [](wire::shard_snapshot s) {
     std::sort(s.slices.begin(), s.slices.end(), [](auto& x, auto& y) { return x.key < y.key; });
@@ -675,6 +751,510 @@ TEST_CASE("pull_rows naming a row twice is refused: an answer is never bigger th
   }
   CHECK(r.got(0).empty());  // nothing was answered
   CHECK(r.pull_rows(6, {3, 2}, 12) == std::vector<float>{2, 2, 1, 1});
+}
+
+TEST_CASE("an optimizer set again: the same type keeps its state, another starts fresh" *
+          doctest::timeout(10)) {
+  fixture f(1, /*sync=*/false);
+  f.init_all(1, {0, 0}, 0, 2, 2);
+  optim::sgd o{.learning_rate = 1, .momentum = 0.5};
+  f.set_optimizer("sgd", params_of(o));
+  f.push(0, 1, {1, 1}, 0, 2);  // mom = -1, w = -1
+  CHECK(f.pull(1, 2) == std::vector<float>{-1, -1});
+  // A learning-rate schedule: sgd again with lr 0.5. The momentum carries on:
+  // mom = 0.5 * -1 - 0.5 * 1 = -1, w = -2. Reset, it would be -0.5 and w = -1.5.
+  o.learning_rate = 0.5;
+  f.set_optimizer("sgd", params_of(o));
+  f.push(0, 1, {1, 1}, 0, 2);
+  CHECK(f.pull(1, 2) == std::vector<float>{-2, -2});
+  CHECK(f.sh.slices().at(1).st_f.step == 2);
+  // Every worker setting the same optimizer again changes nothing either.
+  f.set_optimizer("sgd", params_of(o));
+  CHECK(f.sh.slices().at(1).st_f.step == 2);
+  // Another type starts fresh: adagrad's history, step 1.
+  f.set_optimizer("adagrad", params_of(optim::adagrad{.learning_rate = 1}));
+  CHECK(f.sh.slices().at(1).st_f.slots.empty());
+  f.push(0, 1, {1, 1}, 0, 2);
+  CHECK(f.sh.slices().at(1).st_f.step == 1);
+}
+
+TEST_CASE("a key's multipliers scale its learning rate and weight decay; add accumulates" *
+          doctest::timeout(10)) {
+  fixture f(2);  // dist_sync: two workers' pushes summed, applied once
+  f.init_all(1, {1, 1}, 0, 2, 2);
+  f.init_all(2, {1, 1}, 0, 2, 2);
+  f.set_optimizer("sgd", params_of(optim::sgd{.learning_rate = 0.1, .weight_decay = 0.5}));
+  f.set_key_options(2, 2, 2.0, 0.0);
+  for (std::uint64_t k : {1, 2}) {
+    f.push(0, k, {1, 1}, 0, 2);
+    f.push(1, k, {1, 1}, 0, 2);
+  }
+  // key 1: w = 1 - 0.1 * (2 + 0.5 * 1) = 0.75; key 2 (lr x2, no decay): 1 - 0.2 * 2 = 0.6.
+  CHECK(f.pull(1, 2) == std::vector<float>{0.75f, 0.75f});
+  CHECK(f.pull(2, 2) == std::vector<float>{0.6f, 0.6f});
+  CHECK(error_of([&] {
+          wire::header h = wire::key_options_header({9, 2, wire::dtype::f32});
+          f.sh.handle(0, f.port(0), h, wire::encode_key_multipliers({1, 1}), {});
+        }) == errc::unknown_key);
+  // Multiverso's default updater: each round's sum is added to the value.
+  f.set_optimizer("add", params_of(optim::add{}));
+  f.push(0, 1, {1, 2}, 0, 2);
+  f.push(1, 1, {3, 4}, 0, 2);
+  CHECK(f.pull(1, 2) == std::vector<float>{4.75f, 6.75f});
+}
+
+// ---- versions and bounded staleness -----------------------------------------------------------
+
+namespace {
+
+kvstore::detail::shard_config versioned(int workers, bool sync,
+                                        std::optional<std::uint64_t> staleness = std::nullopt) {
+  auto c = fixture::config(workers, sync, 1 << 20);
+  c.staleness = staleness;
+  c.hold_timeout = std::chrono::milliseconds(1000);
+  return c;
+}
+
+/// The response to request `req_id` in `rank`'s outbox, taken out of it.
+std::optional<answer> response_to(fixture& f, int rank, std::uint64_t req_id) {
+  auto& g = f.got(rank);
+  for (auto it = g.begin(); it != g.end(); ++it)
+    if (!it->data && it->h.req_id == req_id) {
+      answer a = *it;
+      g.erase(it);
+      return a;
+    }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("versions: sync rounds completed, async pushes applied, a re-sent push counted once" *
+          doctest::timeout(10)) {
+  SUBCASE("dist_sync") {
+    fixture f(2);
+    f.init_all(1, {0, 0}, 0, 2, 2);
+    CHECK(f.version(1, 2) == 0);
+    f.push(0, 1, {1, 1}, 0, 2, 1);
+    CHECK(f.version(1, 2) == 0);  // the round is not complete
+    f.push(1, 1, {2, 2}, 0, 2, 1);
+    CHECK(f.version(1, 2) == 1);
+    f.push(0, 1, {1, 1}, 0, 2, 2);
+    f.push(1, 1, {1, 1}, 0, 2, 2);
+    CHECK(f.version(1, 2, 1) == 2);
+  }
+  SUBCASE("dist_async") {
+    fixture f(2, false);
+    f.init_all(1, {0, 0, 0, 0}, 0, 4, 4);
+    f.push(0, 1, {1, 1, 1, 1}, 0, 4, 1);
+    f.push(1, 1, {1, 1, 1, 1}, 0, 4, 1);
+    // A push in two frames counts once, when its last frame is applied.
+    f.push(0, 1, {2, 2}, 0, 4, 2, false);
+    CHECK(f.version(1, 4) == 2);
+    f.push(0, 1, {2, 2}, 2, 4, 2, true);
+    CHECK(f.version(1, 4) == 3);
+    CHECK(error_of([&] { f.push_rows(0, 1, {}, {}, 4, 3); }) == errc::not_a_matrix);
+    CHECK(f.version(1, 4) == 3);
+    // Restored from a snapshot: a push the snapshot holds, re-sent, is not counted again.
+    fixture b(2, false);
+    kvstore::detail::restore_snapshot(
+        b.sh,
+        wire::decode_snapshot(wire::encode_snapshot(kvstore::detail::take_snapshot(f.sh, 0)),
+                              "test"),
+        2);
+    CHECK(b.version(1, 4) == 3);
+    b.push(0, 1, {9, 9, 9, 9}, 0, 4, 2);
+    CHECK(b.version(1, 4) == 3);
+    b.push(1, 1, {5, 5, 5, 5}, 0, 4, 2);
+    CHECK(b.version(1, 4) == 4);
+  }
+}
+
+TEST_CASE("a version request for a key never inited: unknown_key naming it, nothing changes" *
+          doctest::timeout(10)) {
+  fixture f(1, false);
+  f.init_all(1, {1, 2}, 0, 2, 2);
+  wire::header h;
+  h.command = wire::cmd::version;
+  h.key = 9;
+  h.type = wire::dtype::f32;
+  h.total = 2;
+  try {
+    f.sh.handle(0, f.port(0), h, {}, {});
+    FAIL("no error");
+  } catch (const kvstore::error& e) {
+    CHECK(code_of(e) == errc::unknown_key);
+    CHECK(std::string(e.what()).find("key 9") != std::string::npos);
+  }
+  h.key = 1;
+  h.total = 3;  // another size than the key's
+  CHECK(error_of([&] { f.sh.handle(0, f.port(0), h, {}, {}); }) == errc::size_mismatch);
+  CHECK(f.sh.slices().count(9) == 0);
+  CHECK(f.version(1, 2) == 0);
+  CHECK(f.pull(1, 2) == std::vector<float>{1, 2});
+}
+
+TEST_CASE("min_version: a pull is held until its slice reaches the version, then answered" *
+          doctest::timeout(10)) {
+  SUBCASE("dist_sync: answered when the round completes") {
+    fixture f(versioned(2, true));
+    f.init_all(1, {0, 0}, 0, 2, 2);
+    const auto q = f.send_pull(1, 1, 2, 1);
+    CHECK(f.answer_of(1, q).empty());
+    CHECK(f.sh.held() == 1);
+    f.push(0, 1, {1, 2}, 0, 2, 1);
+    CHECK(f.answer_of(1, q).empty());
+    f.push(1, 1, {10, 20}, 0, 2, 1);
+    CHECK(f.answer_of(1, q) == std::vector<float>{11, 22});
+    CHECK(f.sh.held() == 0);
+    // A version reached already is answered at once.
+    CHECK(f.answer_of(0, f.send_pull(0, 1, 2, 1)) == std::vector<float>{11, 22});
+  }
+  SUBCASE("dist_async: answered by the push that reaches it") {
+    fixture f(versioned(2, false));
+    f.init_all(1, {0, 0}, 0, 2, 2);
+    optim::sgd o;
+    o.learning_rate = -1;  // w += g
+    f.set_optimizer("sgd", params_of(o));
+    const auto q = f.send_pull(1, 1, 2, 2);
+    f.push(0, 1, {1, 1}, 0, 2, 1);
+    CHECK(f.answer_of(1, q).empty());
+    f.push(0, 1, {2, 3}, 0, 2, 2);
+    CHECK(f.answer_of(1, q) == std::vector<float>{3, 4});
+  }
+  SUBCASE("pull_rows waits too") {
+    fixture f(versioned(1, false));
+    f.init_all(6, {0, 0, 0, 0}, 0, 4, 4, 2);
+    wire::header h;
+    h.command = wire::cmd::pull_rows;
+    h.key = 6;
+    h.req_id = 77;
+    h.type = wire::dtype::f32;
+    h.total = 4;
+    h.aux = 1;
+    const std::int64_t rows[] = {1};
+    f.sh.handle(0, f.port(0), h, wire::encode_rows(rows, 1), {});
+    CHECK(f.answer_of(0, 77).empty());
+    f.push_rows(0, 6, {1}, {5, 6}, 4, 1);
+    CHECK(f.answer_of(0, 77) == std::vector<float>{5, 6});
+  }
+}
+
+TEST_CASE("held pulls: a deadline fails them naming key and version; bounded per worker" *
+          doctest::timeout(10)) {
+  auto c = versioned(2, false);
+  c.max_held_pulls = 2;
+  fixture f(c);
+  f.init_all(1, {0, 0}, 0, 2, 2);
+  f.init_all(2, {0, 0}, 0, 2, 2);
+  const auto q = f.send_pull(0, 1, 2, 5);
+  f.send_pull(0, 2, 2, 1);
+  const auto start = std::chrono::steady_clock::now();
+  REQUIRE(f.sh.expire_held(start).has_value());  // not yet: still held
+  CHECK(f.got(0).empty());
+  // A third pull of worker 0 is over its limit: refused, naming the limit; worker 1 still holds.
+  try {
+    f.send_pull(0, 1, 2, 7);
+    FAIL("a third held pull was taken");
+  } catch (const kvstore::error& e) {
+    CHECK(code_of(e) == errc::invalid_argument);
+    CHECK(std::string(e.what()).find("KVSTORE_MAX_HELD_PULLS") != std::string::npos);
+  }
+  CHECK(f.sh.held(0) == 2);
+  const auto q1 = f.send_pull(1, 1, 2, 9);
+  CHECK(f.sh.held(1) == 1);
+  f.push(1, 2, {4, 4}, 0, 2, 1);  // key 2 reaches version 1: that pull is answered
+  CHECK(f.sh.held(0) == 1);
+  // Past the deadline: timeouts naming the key, the version and where the slice is.
+  CHECK_FALSE(f.sh.expire_held(start + std::chrono::seconds(2)).has_value());
+  auto a = response_to(f, 0, q);
+  REQUIRE(a);
+  CHECK(a->status == errc::timeout);
+  CHECK(a->message.find("key 1 waited for version 5") != std::string::npos);
+  CHECK(a->message.find("at version 0") != std::string::npos);
+  REQUIRE(response_to(f, 1, q1));
+  CHECK(f.sh.held() == 0);
+  // A lost connection drops its worker's held pulls unanswered.
+  const auto lost = f.send_pull(1, 1, 2, 3);
+  f.sh.connection_lost(1);
+  CHECK(f.sh.held() == 0);
+  f.push(0, 1, {1, 1}, 0, 2, 1);
+  f.push(0, 1, {1, 1}, 0, 2, 2);
+  f.push(0, 1, {1, 1}, 0, 2, 3);
+  CHECK(f.answer_of(1, lost).empty());
+  CHECK_FALSE(response_to(f, 1, lost));
+}
+
+TEST_CASE("bounded staleness: a worker too far ahead waits; within the bound it proceeds" *
+          doctest::timeout(10)) {
+  fixture f(versioned(3, false, 1));
+  f.init_all(1, {0, 0}, 0, 2, 2);
+  optim::sgd o;
+  o.learning_rate = -1;  // w += g
+  f.set_optimizer("sgd", params_of(o));
+  f.push(0, 1, {1, 1}, 0, 2, 1);
+  // One push ahead of workers 1 and 2: within staleness 1, answered at once.
+  CHECK(f.answer_of(0, f.send_pull(0, 1, 2)) == std::vector<float>{1, 1});
+  f.push(0, 1, {1, 1}, 0, 2, 2);
+  // Two ahead: waits for both.
+  const auto q = f.send_pull(0, 1, 2);
+  CHECK(f.answer_of(0, q).empty());
+  f.push(1, 1, {10, 10}, 0, 2, 1);
+  CHECK(f.answer_of(0, q).empty());  // worker 2 still lags by 2
+  // Workers behind or level are never held.
+  CHECK(f.answer_of(1, f.send_pull(1, 1, 2)) == std::vector<float>{12, 12});
+  f.push(2, 1, {100, 100}, 0, 2, 1);
+  CHECK(f.answer_of(0, q) == std::vector<float>{112, 112});
+
+  SUBCASE("a deadline names the worker that held it back") {
+    f.push(0, 1, {1, 1}, 0, 2, 3);  // 3 pushes against 1 and 1
+    const auto r = f.send_pull(0, 1, 2);
+    f.sh.expire_held(std::chrono::steady_clock::now() + std::chrono::seconds(2));
+    auto a = response_to(f, 0, r);
+    REQUIRE(a);
+    CHECK(a->status == errc::timeout);
+    CHECK(a->message.find("key 1 waited for worker 1, which pushed it 1 times, more than "
+                          "staleness 1 behind worker 0's 3") != std::string::npos);
+  }
+  SUBCASE("a worker that leaves or dies holds no one back") {
+    f.push(0, 1, {1, 1}, 0, 2, 3);
+    const auto r = f.send_pull(0, 1, 2);
+    CHECK(f.sh.worker_left(1));
+    CHECK(f.answer_of(0, r).empty());  // worker 2 still lags
+    f.sh.worker_dead(2, "worker 2 (node 13) died");
+    CHECK(f.answer_of(0, r) == std::vector<float>{113, 113});
+    CHECK(f.sh.held() == 0);
+  }
+}
+
+TEST_CASE("staleness 0: every read sees all workers' pushes up to its own count" *
+          doctest::timeout(10)) {
+  fixture f(versioned(2, false, 0));
+  f.init_all(1, {0}, 0, 1, 1);
+  f.push(0, 1, {1}, 0, 1, 1);
+  const auto q = f.send_pull(0, 1, 1);
+  CHECK(f.answer_of(0, q).empty());
+  f.push(1, 1, {2}, 0, 1, 1);
+  CHECK(f.answer_of(0, q) == std::vector<float>{2});  // no optimizer: the last push is stored
+
+  SUBCASE("dist_sync ignores staleness: no worker is ever ahead") {
+    fixture s(versioned(2, true, 0));
+    s.init_all(1, {0}, 0, 1, 1);
+    s.push(0, 1, {1}, 0, 1, 1);
+    CHECK(s.answer_of(0, s.send_pull(0, 1, 1)) == std::vector<float>{0});
+  }
+  SUBCASE("dist_sync: a worker dying fails a pull waiting for a version") {
+    fixture s(versioned(2, true));
+    s.init_all(1, {0}, 0, 1, 1);
+    const auto r = s.send_pull(0, 1, 1, 1);
+    s.sh.worker_dead(1, "worker 1 (node 11) died");
+    auto a = response_to(s, 0, r);
+    REQUIRE(a);
+    CHECK(a->status == errc::node_dead);
+    CHECK(a->message.find("version 1") != std::string::npos);
+    CHECK(a->message.find("worker 1 (node 11) died") != std::string::npos);
+  }
+}
+
+TEST_CASE("snapshots keep versions; an async snapshot from before versions recovers its count" *
+          doctest::timeout(10)) {
+  for (bool sync : {true, false}) {
+    CAPTURE(sync);
+    fixture a(1, sync);
+    a.init_all(1, {0, 0}, 0, 2, 2);
+    for (std::uint64_t q = 1; q <= 3; ++q) a.push(0, 1, {1, 1}, 0, 2, q);
+    CHECK(a.version(1, 2) == 3);
+    const auto file = wire::encode_snapshot(kvstore::detail::take_snapshot(a.sh, 0));
+    fixture b(1, sync);
+    kvstore::detail::restore_snapshot(b.sh, wire::decode_snapshot(file, "test"), 1);
+    CHECK(b.version(1, 2) == 3);
+    b.push(0, 1, {1, 1}, 0, 2, 4);
+    CHECK(b.version(1, 2) == 4);
+  }
+  // Written before async slices counted pushes: round 0, worker 0's last push 5, worker 1's 4.
+  wire::shard_snapshot old;
+  wire::slice_snapshot x;
+  x.key = 7;
+  x.total = 2;
+  x.hi = 2;
+  x.value = std::string(8, '\0');
+  x.applied = {{0, 5}, {1, 4}};
+  old.slices.push_back(x);
+  const auto bytes = wire::encode_snapshot(old);
+  fixture as(2, false), sy(2, true);
+  kvstore::detail::restore_snapshot(as.sh, wire::decode_snapshot(bytes, "test"), 2);
+  kvstore::detail::restore_snapshot(sy.sh, wire::decode_snapshot(bytes, "test"), 2);
+  CHECK(as.version(7, 2) == 9);
+  CHECK(sy.version(7, 2) == 0);  // a sync slice's round was always counted: 0 rounds
+  // A version-2 file (no multipliers: its one slice's body ends before them) loads with 1 and 1.
+  const std::size_t head = sizeof wire::snapshot_magic + 4 + 8 + 4;
+  const std::string body = bytes.substr(head, bytes.size() - head - 16);
+  const auto v2 = wire::decode_snapshot(wire::wrap_snapshot_body(body, 2), "test");
+  REQUIRE(v2.slices.size() == 1);
+  CHECK(v2.slices[0].lr_mult == 1.0);
+  CHECK(v2.slices[0].wd_mult == 1.0);
+  CHECK(v2.slices[0].applied == x.applied);
+  // A version-3 file whose multiplier is not finite is refused whole.
+  auto bad = x;
+  bad.lr_mult = std::numeric_limits<double>::infinity();
+  wire::shard_snapshot with_bad;
+  with_bad.slices.push_back(bad);
+  CHECK(error_of([&] { wire::decode_snapshot(wire::encode_snapshot(with_bad), "test"); }) ==
+        errc::bad_file);
+}
+
+// ---- element ranges (flag_range): push_range / pull_range's frames ---------------------------
+
+namespace {
+
+/// One frame of a range push: elements [offset, offset + v.size()) of the range [lo, lo + len).
+void push_range(fixture& f, int rank, std::uint64_t key, const std::vector<float>& v,
+                std::uint64_t offset, std::uint64_t total, std::uint64_t lo, std::uint64_t len,
+                std::uint64_t seq = 0, bool last = true) {
+  wire::header h = f.push_header(key, offset, v.size(), total, seq, last);
+  h.flags |= wire::flag_range;
+  f.sh.handle(rank, f.port(rank), h, wire::encode_range({lo, len}), bytes_of(v));
+}
+
+/// A range pull's answer, put together from its data frames: offsets count from the range's
+/// first element, every frame is flagged flag_range, the last flag_last.
+std::vector<float> pull_range(fixture& f, std::uint64_t key, std::uint64_t total, std::uint64_t lo,
+                              std::uint64_t len) {
+  wire::header h;
+  h.command = wire::cmd::pull;
+  h.flags = wire::flag_range;
+  h.key = key;
+  h.req_id = ++f.req;
+  h.type = wire::dtype::f32;
+  h.total = total;
+  h.offset = lo;
+  auto& g = f.got(0);
+  g.clear();
+  f.sh.handle(0, f.port(0), h, wire::encode_range({lo, len}), {});
+  std::vector<float> out;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    REQUIRE(g[i].data);
+    CHECK(g[i].h.req_id == h.req_id);
+    CHECK(g[i].h.offset == out.size());
+    CHECK((g[i].h.flags & wire::flag_range) != 0);
+    CHECK(((g[i].h.flags & wire::flag_last) != 0) == (i + 1 == g.size()));
+    out.insert(out.end(), g[i].values.begin(), g[i].values.end());
+  }
+  g.clear();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a sync round of ranges: each counts as its worker's push; elements no one wrote keep "
+    "their value; an optimizer updates only the written ones, one step" *
+    doctest::timeout(10)) {
+  fixture f(2);
+  f.init_all(1, {1, 2, 3, 4, 5, 6}, 10, 16, 20);  // this server holds [10, 16) of 20
+  push_range(f, 0, 1, {1, 1}, 11, 20, 11, 2);
+  CHECK(f.got(0).empty());  // the round waits for worker 1
+  push_range(f, 1, 1, {10, 10, 10}, 12, 20, 12, 3);
+  REQUIRE(f.got(0).size() == 1);
+  REQUIRE(f.got(1).size() == 1);
+  CHECK(f.got(1)[0].status == errc::ok);
+  f.got(0).clear();
+  f.got(1).clear();
+  // No optimizer: each written element takes the round's sum over the workers that wrote it.
+  CHECK(f.pull(1, 20, 10) == std::vector<float>{1, 1, 11, 10, 10, 6});
+  CHECK(pull_range(f, 1, 20, 12, 3) == std::vector<float>{11, 10, 10});
+  CHECK(f.sh.slices().at(1).round == 1);
+
+  optim::sgd o;
+  o.learning_rate = 0.5;
+  f.set_optimizer("sgd", params_of(o));
+  // A whole push from worker 0 and a range of one element from worker 1, in two frames.
+  f.push(0, 1, {2, 2, 2, 2, 2, 2}, 10, 20);
+  push_range(f, 1, 1, {4}, 10, 20, 10, 2, 0, false);
+  CHECK(f.got(1).empty());
+  push_range(f, 1, 1, {8}, 11, 20, 10, 2, 0, true);
+  REQUIRE(f.got(1).size() == 1);
+  CHECK(f.got(1)[0].status == errc::ok);
+  CHECK(f.pull(1, 20, 10) == std::vector<float>{1 - 0.5f * 6, 1 - 0.5f * 10, 11 - 0.5f * 2,
+                                                10 - 0.5f * 2, 10 - 0.5f * 2, 6 - 0.5f * 2});
+  CHECK(f.sh.slices().at(1).st_f.step == 1);
+}
+
+TEST_CASE(
+    "ranges in dist_async: applied on arrival, one optimizer step per push; a range pull "
+    "is answered in chunks" *
+    doctest::timeout(10)) {
+  fixture f(2, /*sync=*/false, 2 * sizeof(float));
+  f.init_all(2, {0, 0, 0, 0, 0}, 5, 10, 10);
+  push_range(f, 1, 2, {7, 8}, 6, 10, 6, 2);
+  REQUIRE(f.got(1).size() == 1);
+  CHECK(f.pull(2, 10, 5) == std::vector<float>{0, 7, 8, 0, 0});
+  optim::sgd o;
+  o.learning_rate = 0.25;
+  f.set_optimizer("sgd", params_of(o));
+  // Sequence 3 in two frames: one step.
+  push_range(f, 0, 2, {4}, 8, 10, 8, 2, 3, false);
+  push_range(f, 0, 2, {8}, 9, 10, 8, 2, 3, true);
+  CHECK(f.sh.slices().at(2).st_f.step == 1);
+  CHECK(pull_range(f, 2, 10, 5, 5) == std::vector<float>{0, 7, 8, -1, -2});  // 3 frames of 2
+}
+
+TEST_CASE(
+    "a range outside the slice, or a frame outside its range, is refused and changes "
+    "nothing; a malformed range breaks the protocol" *
+    doctest::timeout(10)) {
+  fixture f(1);
+  f.init_all(3, {1, 2, 3, 4}, 4, 8, 8);
+  auto refused = [&](auto&& call) { return error_of(call); };
+  CHECK(refused([&] { pull_range(f, 3, 8, 2, 3); }) == errc::size_mismatch);  // starts before
+  CHECK(refused([&] { pull_range(f, 3, 8, 6, 3); }) == errc::size_mismatch);  // ends after
+  CHECK(refused([&] { push_range(f, 0, 3, {9, 9}, 3, 8, 3, 2); }) == errc::size_mismatch);
+  CHECK(refused([&] { push_range(f, 0, 3, {9, 9, 9}, 5, 8, 5, 2); }) == errc::size_mismatch);
+  CHECK(refused([&] { push_range(f, 0, 3, {9}, 4, 8, 5, 2); }) == errc::size_mismatch);
+  CHECK(refused([&] { pull_range(f, 3, 8, 4, 0); }) == errc::protocol);  // empty
+  wire::header h = f.push_header(3, 4, 1, 8);
+  h.flags |= wire::flag_range;
+  const std::vector<float> one{9};
+  CHECK(refused([&] { f.sh.handle(0, f.port(0), h, "short", bytes_of(one)); }) == errc::protocol);
+  CHECK(refused([&] {
+          f.sh.handle(0, f.port(0), h, wire::encode_range({~std::uint64_t{0}, 2}), bytes_of(one));
+        }) == errc::protocol);  // wraps
+  CHECK(f.got(0).empty());
+  CHECK(f.pull(3, 8, 4) == std::vector<float>{1, 2, 3, 4});
+  CHECK(f.sh.slices().at(3).round == 0);
+  // The server's message names the key, the range and the slice.
+  try {
+    pull_range(f, 3, 8, 6, 3);
+  } catch (const kvstore::error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("key 3") != std::string::npos);
+    CHECK(m.find("[6, 9)") != std::string::npos);
+    CHECK(m.find("[4, 8)") != std::string::npos);
+  }
+}
+
+TEST_CASE(
+    "a range pull is held as a pull is: staleness 0 in dist_async, answered with just its "
+    "elements once the slower worker pushed" *
+    doctest::timeout(10)) {
+  fixture f(versioned(2, false, 0));
+  f.init_all(1, {0, 0, 0, 0}, 0, 4, 4);
+  push_range(f, 0, 1, {5, 6}, 1, 4, 1, 2, 1);  // worker 0's push 1 of the key
+  f.got(0).clear();
+  wire::header h;
+  h.command = wire::cmd::pull;
+  h.flags = wire::flag_range;
+  h.key = 1;
+  h.req_id = ++f.req;
+  h.type = wire::dtype::f32;
+  h.total = 4;
+  h.offset = 1;
+  f.sh.handle(0, f.port(0), h, wire::encode_range({1, 3}), {});
+  CHECK(f.answer_of(0, h.req_id).empty());  // worker 1 has pushed nothing yet
+  CHECK(f.sh.held() == 1);
+  push_range(f, 1, 1, {7}, 3, 4, 3, 1, 1);
+  CHECK(f.answer_of(0, h.req_id) == std::vector<float>{5, 6, 7});
+  CHECK(f.sh.held() == 0);
 }
 
 // ---- compressed pushes and pulls (wire/encoding.hpp) ----------------------------------------
@@ -886,4 +1466,51 @@ TEST_CASE("compressed requests that do not fit their encoding: errors, and nothi
   // And the shard serves on.
   push_encoded(f, 0, 1, wire::encoding::bf16, encoded16(wire::encoding::bf16, {1, 1, 1, 1}), 2, 8);
   CHECK(f.pull(1, 8, 2) == std::vector<float>{1, 1, 1, 1});
+}
+
+TEST_CASE("a compressed pull held for a version is answered in its encoding; ranges stay plain" *
+          doctest::timeout(10)) {
+  fixture f(1);
+  f.init_all(1, {0, 0, 0, 0}, 0, 4, 4);
+  wire::header h;
+  h.command = wire::cmd::pull;
+  h.key = 1;
+  h.req_id = ++f.req;
+  h.type = wire::dtype::f32;
+  h.total = 4;
+  h.aux = 1;  // min version: the first round
+  h.flags = wire::encoding_flags(wire::encoding::bf16_trunc);
+  f.sh.handle(0, f.port(0), h, {}, {});
+  CHECK(f.got(0).empty());  // held
+  f.push(0, 1, {0.1f, 70000.0f, 1, 2}, 0, 4);
+  std::vector<float> values;
+  for (auto& a : f.got(0)) {
+    if (!a.data) continue;
+    CHECK(wire::encoding_bits(a.h.flags) == static_cast<unsigned>(wire::encoding::bf16_trunc));
+    CHECK(a.h.req_id == h.req_id);
+    values.resize(a.raw.size() / 2);
+    wire::decode_16bit<false>(wire::encoding::bf16_trunc,
+                              reinterpret_cast<const std::byte*>(a.raw.data()), values.size(),
+                              values.data());
+  }
+  CHECK(values == std::vector<float>{0.099609375f, 69632.0f, 1, 2});
+  // A pull in an unknown encoding is refused at once, not held.
+  h.req_id = ++f.req;
+  h.aux = 5;
+  h.flags = 9u << wire::encoding_shift;
+  CHECK(error_of([&] { f.sh.handle(0, f.port(0), h, {}, {}); }) == errc::unsupported);
+  // Range pushes and pulls travel plain: one in 16 bits is refused.
+  h.flags = wire::flag_range | wire::encoding_flags(wire::encoding::fp16);
+  h.aux = 0;
+  CHECK(error_of([&] {
+          f.sh.handle(0, f.port(0), h, wire::encode_range({0, 2}), {});
+        }) == errc::unsupported);
+  wire::header p = f.push_header(1, 0, 0, 4, 0, true);
+  p.flags |= wire::flag_range | wire::encoding_flags(wire::encoding::fp16);
+  const auto halves = encoded16(wire::encoding::fp16, {1, 1});
+  p.payload_len = halves.size();
+  CHECK(error_of([&] {
+          f.sh.handle(0, f.port(0), p, wire::encode_range({0, 2}), halves);
+        }) == errc::unsupported);
+  CHECK(f.pull(1, 4) == std::vector<float>{0.1f, 70000.0f, 1, 2});
 }

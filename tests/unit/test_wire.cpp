@@ -9,6 +9,8 @@
 
 #include "support/helpers.hpp"
 
+#include <kvstore/wire/commands.hpp>
+
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -463,4 +465,41 @@ TEST_CASE("the metadata reader never reads past the end") {
   const auto b = big.take();
   wire::meta_reader rb(b);
   expect_error([&] { rb.str(); }, errc::protocol, {"truncated control message"});
+}
+
+// ---- range metadata (push/pull with flag_range) ---------------------------------------------
+
+TEST_CASE(
+    "range metadata round-trips; an empty or wrapping range, truncation and trailing bytes "
+    "are refused") {
+  const auto back = wire::decode_range(wire::encode_range({7, std::uint64_t{1} << 40}));
+  CHECK(back.offset == 7);
+  CHECK(back.length == std::uint64_t{1} << 40);
+  const auto good = wire::encode_range({3, 4});
+  CHECK(good.size() == 16);
+  auto dec = [](std::string_view s) { return wire::decode_range(s); };
+  expect_every_prefix_truncated(good, dec, "range metadata: truncated");
+  expect_trailing_refused(good, dec, "range metadata");
+  for (auto bad : {wire::range_meta{5, 0}, wire::range_meta{~std::uint64_t{0}, 1},
+                   wire::range_meta{std::uint64_t{1} << 63, std::uint64_t{1} << 63}}) {
+    CAPTURE(bad.offset);
+    try {
+      (void)wire::decode_range(wire::encode_range(bad));
+      FAIL("accepted");
+    } catch (const kvstore::error& e) {
+      CHECK(e.code() == kvstore::make_error_code(kvstore::errc::protocol));
+      CHECK(std::string(e.what()).find("range metadata") != std::string::npos);
+    }
+  }
+  // The header constructors: a range push is a push flagged flag_range, a range pull a pull.
+  const wire::key_fields k{9, 100, wire::dtype::f64};
+  const auto p = wire::push_range_header(k, 40, 3, true, 2);
+  CHECK(p.command == wire::cmd::push);
+  CHECK(p.flags == (wire::flag_last | wire::flag_range));
+  CHECK(p.offset == 40);
+  CHECK(p.aux == 3);
+  const auto q = wire::pull_range_header(k, 40, 2);
+  CHECK(q.command == wire::cmd::pull);
+  CHECK(q.flags == wire::flag_range);
+  CHECK(q.offset == 40);
 }

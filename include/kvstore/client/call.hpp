@@ -29,6 +29,11 @@ enum class call_kind : std::uint8_t {
   checkpoint,
   join,
   bye,
+  push_range,
+  pull_range,
+  slice_of,
+  set_key_options,
+  version,
 };
 
 /// The public call's name, as errors show it.
@@ -54,6 +59,8 @@ constexpr std::string_view call_name(call_kind c) noexcept {
       return "load_optimizer_states";
     case call_kind::send_command_to_servers:
       return "send_command_to_servers";
+    case call_kind::set_key_options:
+      return "set_key_options";
     case call_kind::barrier:
       return "barrier";
     case call_kind::barrier_before_exit:
@@ -68,13 +75,22 @@ constexpr std::string_view call_name(call_kind c) noexcept {
       return "joining the job";
     case call_kind::bye:
       return "bye";
+    case call_kind::push_range:
+      return "push_range";
+    case call_kind::pull_range:
+      return "pull_range";
+    case call_kind::slice_of:
+      return "slice_of";
+    case call_kind::version:
+      return "version";
   }
   return "?";
 }
 
 /// Calls that change a key's value: refused once this worker left the sync group.
 constexpr bool is_push(call_kind c) noexcept {
-  return c == call_kind::push || c == call_kind::pushpull || c == call_kind::push_rows;
+  return c == call_kind::push || c == call_kind::pushpull || c == call_kind::push_rows ||
+         c == call_kind::push_range;
 }
 
 /// What a request is, for the message of its error: "push of key 3", "barrier",
@@ -83,10 +99,12 @@ struct request_label {
   call_kind kind = call_kind::barrier;
   const kvstore::key* k = nullptr;  ///< the key's record outlives its requests
   int server_id = -1;               ///< node id, for a call sent to every server
+  std::uint64_t min_version = 0;    ///< a pull that waits for this version of its key
 
   std::string str() const {
     std::string s(call_name(kind));
     if (k) s += " of key " + k->str();
+    if (min_version) s += " (waiting for version " + std::to_string(min_version) + ")";
     if (server_id >= 0) s += " on " + node_name(server_id);
     return s;
   }

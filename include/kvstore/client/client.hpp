@@ -27,6 +27,13 @@
 
 namespace kvstore::detail {
 
+/// Where a worker's own server listens in a colocated job (dist_options::colocated), as that
+/// server registers it: the scheduler gives the worker its server's rank.
+struct own_server {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
 class worker_client final : public transport::frame_handler {
   using clock = std::chrono::steady_clock;
 
@@ -43,6 +50,8 @@ class worker_client final : public transport::frame_handler {
     std::size_t elem = 0;
     std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
     std::function<void(const wire::header&, std::span<const std::byte>)> on_response;
+    /// Sees the text of a successful response (what a server names in it), before on_response.
+    std::function<void(std::string_view)> on_text;
     std::chrono::milliseconds timeout{0};
     // set by send()
     std::vector<transport::out_frame> frames;  // kept while a server restart may need a re-send
@@ -52,8 +61,8 @@ class worker_client final : public transport::frame_handler {
 
   /// Joins the job: registers with the scheduler, waits for the address book, connects to every
   /// server. Throws kvstore::error naming what could not be reached within connect_timeout.
-  explicit worker_client(dist_options o)
-      : opts_(std::move(o)), timer_(io_), work_(io_.get_executor()) {
+  explicit worker_client(dist_options o, own_server colocated = {})
+      : opts_(std::move(o)), own_(std::move(colocated)), timer_(io_), work_(io_.get_executor()) {
     thread_ = std::thread([this] { io_.run(); });
     try {
       join();
@@ -206,8 +215,8 @@ class worker_client final : public transport::frame_handler {
     sched_->start();
     transport::out_frame f;
     f.h = wire::plain(wire::cmd::reg);
-    f.meta = wire::encode_registration(
-        {role::worker, opts_.rank_hint, "", 0, opts_.num_workers, opts_.num_servers});
+    f.meta = wire::encode_registration({role::worker, opts_.rank_hint, own_.host, own_.port,
+                                        opts_.num_workers, opts_.num_servers});
     request r;
     r.what = {call_kind::join};
     // A little past the scheduler's own gather deadline, so its reason (who is missing, or whose
@@ -348,6 +357,7 @@ class worker_client final : public transport::frame_handler {
               std::make_exception_ptr(error(code, r->what.str() + ": " + meta)));
         }
         try {
+          if (r->on_text) r->on_text(meta);
           if (r->on_response) r->on_response(h, payload);
         } catch (...) {
           return r->done->complete_part(std::current_exception());
@@ -607,6 +617,7 @@ class worker_client final : public transport::frame_handler {
   }
 
   dist_options opts_;
+  own_server own_;  // colocated: this process's server, registered with the worker
   transport::asio::io_context io_;
   transport::asio::steady_timer timer_;
   transport::asio::executor_work_guard<transport::asio::io_context::executor_type> work_;

@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -97,8 +98,10 @@ class requests {
     }
   }
 
-  /// Every server's slice lands straight in outs[0]; the other outputs get a copy.
-  void pull(const key_record& m, std::vector<std::span<T>> outs, int priority, done_fn done) {
+  /// Every server's slice lands straight in outs[0]; the other outputs get a copy. Each server
+  /// answers once its slice reached `min_version` (0: at once).
+  void pull(const key_record& m, std::vector<std::span<T>> outs, int priority, done_fn done,
+            std::uint64_t min_version = 0) {
     auto first = outs.front();
     auto all = fan_in(m.slices.size(), [outs = std::move(outs), done = std::move(done)](auto e) {
       if (!e)
@@ -107,11 +110,11 @@ class requests {
       done(e);
     });
     if (const auto e = pull_encoding(compression_.of(m)); e != wire::encoding::plain)
-      return pull_encoded(m, first, e, priority, std::move(all));
+      return pull_encoded(m, first, e, priority, min_version, std::move(all));
     for (auto& s : m.slices) {
       transport::out_frame f;
-      f.h = wire::pull_header(fields(m), s.lo, priority);
-      worker_client::request r = part_of(all, {call_kind::pull, &m.k});
+      f.h = wire::pull_header(fields(m), s.lo, priority, min_version);
+      worker_client::request r = part_of(all, {call_kind::pull, &m.k, -1, min_version});
       r.out = reinterpret_cast<std::byte*>(first.data());
       r.out_bytes = first.size() * sizeof(T);
       r.elem = sizeof(T);
@@ -195,6 +198,81 @@ class requests {
   void set_compression(const compression& c) noexcept { compression_.set(c); }
   compression store_compression() const noexcept { return compression_.get(); }
 
+  // ---- element ranges of one key --------------------------------------------------------------
+  /// Elements [offset, offset + values.size()) of the key, each server's part in chunk_bytes
+  /// frames, only to the servers whose slices the range overlaps. One push number for the lot:
+  /// in dist_sync it is this worker's push of every slice it touches.
+  void push_range(key_record& m, std::uint64_t offset, std::span<const T> values, int priority,
+                  done_fn done) {
+    const auto parts = overlaps(m, offset, values.size());
+    auto all = fan_in(parts.size(), std::move(done));
+    const std::uint64_t seq = ++m.pushes;
+    for (auto& p : parts) {
+      const std::string meta = wire::encode_range({p.lo, p.hi - p.lo});
+      std::vector<transport::out_frame> frames;
+      for (std::uint64_t off = p.lo; off < p.hi; off += chunk_elems_) {
+        const std::uint64_t n = std::min<std::uint64_t>(chunk_elems_, p.hi - off);
+        transport::out_frame f;
+        f.h = wire::push_range_header(fields(m), off, seq, off + n >= p.hi, priority);
+        f.meta = meta;
+        set_payload(f, values.data() + (off - offset), n);
+        frames.push_back(std::move(f));
+      }
+      client_.send(p.server, std::move(frames), part_of(all, {call_kind::push_range, &m.k}));
+    }
+  }
+
+  /// Elements [offset, offset + out.size()) of the key: each overlapped server's part lands
+  /// straight in its place in `out`.
+  void pull_range(const key_record& m, std::uint64_t offset, std::span<T> out, int priority,
+                  done_fn done) {
+    const auto parts = overlaps(m, offset, out.size());
+    auto all = fan_in(parts.size(), std::move(done));
+    for (auto& p : parts) {
+      transport::out_frame f;
+      f.h = wire::pull_range_header(fields(m), p.lo, priority);
+      f.meta = wire::encode_range({p.lo, p.hi - p.lo});
+      worker_client::request r = part_of(all, {call_kind::pull_range, &m.k});
+      // The answer's offsets count from the part's first element.
+      r.out = reinterpret_cast<std::byte*>(out.data() + (p.lo - offset));
+      r.out_bytes = (p.hi - p.lo) * sizeof(T);
+      r.elem = sizeof(T);
+      client_.send(p.server, worker_client::single(std::move(f)), std::move(r));
+    }
+  }
+
+  /// A key's learning-rate and weight-decay multipliers, to every server holding a slice of it;
+  /// returns once all have them.
+  void set_key_options(const key_record& m, double lr_mult, double wd_mult) {
+    auto all = std::make_shared<op_state>(m.slices.size());
+    all->spin_us = spin_us_;
+    const std::string meta = wire::encode_key_multipliers({lr_mult, wd_mult});
+    for (auto& s : m.slices) {
+      transport::out_frame f;
+      f.h = wire::key_options_header(fields(m));
+      f.meta = meta;
+      client_.send(s.server, worker_client::single(std::move(f)),
+                   part_of(all, {call_kind::set_key_options, &m.k}));
+    }
+    op(all).wait();
+  }
+
+  /// The key's version: the least of its slices' (each server's answer's aux), into `*out`.
+  void version(const key_record& m, std::shared_ptr<std::uint64_t> out, done_fn done) {
+    *out = std::numeric_limits<std::uint64_t>::max();
+    auto all = fan_in(m.slices.size(), std::move(done));
+    for (auto& s : m.slices) {
+      transport::out_frame f;
+      f.h = wire::version_header(fields(m));
+      worker_client::request r = part_of(all, {call_kind::version, &m.k});
+      // Answers are read on the client's one io thread: no two of them race on *out.
+      r.on_response = [out](const wire::header& h, std::span<const std::byte>) {
+        *out = std::min(*out, h.aux);
+      };
+      client_.send(s.server, worker_client::single(std::move(f)), std::move(r));
+    }
+  }
+
   // ---- every server; each call blocks until all answered ------------------------------------
   void set_optimizer(const std::string& name, const std::string& params) {
     const std::string meta = wire::encode_optimizer({name, params});
@@ -206,11 +284,14 @@ class requests {
     });
   }
 
-  /// Every server's optimizer states, joined into whole keys. A state that matches no key of
-  /// `lookup` is a protocol error.
-  std::map<std::uint64_t, optim::key_state<T>> save_states(const key_lookup& lookup) {
+  /// Every server's optimizer states, joined into whole keys, and in `optimizer` the name of the
+  /// optimizer they belong to (the servers', whoever set it). A state that matches no key of
+  /// `lookup`, or servers running different optimizers, is a protocol error.
+  std::map<std::uint64_t, optim::key_state<T>> save_states(const key_lookup& lookup,
+                                                           std::string& optimizer) {
     std::map<std::uint64_t, optim::key_state<T>> states;
     std::mutex m;
+    std::vector<std::string> names;
     to_all_servers(
         call_kind::save_optimizer_states,
         [](int) {
@@ -236,13 +317,24 @@ class requests {
               std::memcpy(ks.st.slots[s].data() + e.lo, raw.data(), raw.size());
             }
           }
+        },
+        [&](std::string_view name) {
+          std::lock_guard lk(m);
+          names.emplace_back(name);
         });
+    for (auto& n : names)
+      if (n != names.front())
+        throw error(errc::protocol,
+                    "save_optimizer_states: the servers run different optimizers (\"" +
+                        names.front() + "\" and \"" + n + "\")");
+    optimizer = names.empty() ? std::string() : names.front();
     return states;
   }
 
-  /// Gives each server its slices of `states` (checked against the keys by the caller).
+  /// Gives each server its slices of `states` (checked against the keys by the caller), saved
+  /// for `optimizer`: a server running another one refuses them.
   void load_states(const std::map<std::uint64_t, optim::key_state<T>>& states,
-                   const key_lookup& lookup) {
+                   const key_lookup& lookup, const std::string& optimizer) {
     auto parts =
         std::make_shared<std::vector<std::string>>(static_cast<std::size_t>(num_servers()));
     for (auto& [id, ks] : states) {
@@ -258,6 +350,7 @@ class requests {
     to_all_servers(call_kind::load_optimizer_states, [&](int s) {
       transport::out_frame f;
       f.h = wire::plain(wire::cmd::load_states);
+      f.meta = optimizer;
       auto& b = (*parts)[static_cast<std::size_t>(s)];
       f.payload = reinterpret_cast<const std::byte*>(b.data());
       f.payload_len = b.size();
@@ -345,12 +438,12 @@ class requests {
   // A pull whose answer travels in 16-bit encoding e: each data frame decoded into `out` at its
   // offset, which must lie in the slice asked for.
   void pull_encoded(const key_record& m, std::span<T> out, wire::encoding e, int priority,
-                    std::shared_ptr<op_state> all) {
+                    std::uint64_t min_version, std::shared_ptr<op_state> all) {
     for (auto& s : m.slices) {
       transport::out_frame f;
-      f.h = wire::pull_header(fields(m), s.lo, priority);
+      f.h = wire::pull_header(fields(m), s.lo, priority, min_version);
       f.h.flags |= wire::encoding_flags(e);
-      worker_client::request r = part_of(all, {call_kind::pull, &m.k});
+      worker_client::request r = part_of(all, {call_kind::pull, &m.k, -1, min_version});
       r.on_data = [out, e, lo = s.lo, hi = s.hi](const wire::header& h,
                                                  std::span<const std::byte> payload) {
         const std::uint64_t n = payload.size() / 2;
@@ -363,6 +456,18 @@ class requests {
       };
       client_.send(s.server, worker_client::single(std::move(f)), std::move(r));
     }
+  }
+
+  // The parts of elements [offset, offset + n) on the servers holding them, in key order (the
+  // range is checked to lie in the key, so the parts are never empty together).
+  static std::vector<slice_ref> overlaps(const key_record& m, std::uint64_t offset,
+                                         std::uint64_t n) {
+    std::vector<slice_ref> parts;
+    for (auto& s : m.slices) {
+      const std::uint64_t lo = std::max(s.lo, offset), hi = std::min(s.hi, offset + n);
+      if (lo < hi) parts.push_back({s.server, lo, hi});
+    }
+    return parts;
   }
 
   // Rows of slice `s` of a matrix key.
@@ -405,12 +510,14 @@ class requests {
   template <class Make>
   void to_all_servers(
       call_kind kind, Make&& make,
-      std::function<void(const wire::header&, std::span<const std::byte>)> on_response = {}) {
+      std::function<void(const wire::header&, std::span<const std::byte>)> on_response = {},
+      std::function<void(std::string_view)> on_text = {}) {
     auto all = std::make_shared<op_state>(static_cast<std::size_t>(num_servers()));
     all->spin_us = spin_us_;
     for (int s = 0; s < num_servers(); ++s) {
       worker_client::request r = part_of(all, {kind, nullptr, server_id(s)});
       r.on_response = on_response;
+      r.on_text = on_text;
       client_.send(s, worker_client::single(make(s)), std::move(r));
     }
     op(all).wait();

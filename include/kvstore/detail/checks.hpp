@@ -5,6 +5,7 @@
 #include <kvstore/error.hpp>
 #include <kvstore/key.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -47,6 +48,14 @@ inline void check_size(std::string_view call, const key& k, std::uint64_t total,
          "size " + std::to_string(n) + " does not match the key's size " + std::to_string(total));
 }
 
+/// A key's multipliers of the learning rate and weight decay (set_key_options): finite numbers.
+inline void check_multipliers(std::string_view call, const key& k, double lr_mult, double wd_mult) {
+  if (!std::isfinite(lr_mult) || !std::isfinite(wd_mult))
+    fail(errc::invalid_argument, call, k,
+         "lr_mult " + std::to_string(lr_mult) + " and wd_mult " + std::to_string(wd_mult) +
+             " must be finite");
+}
+
 /// The first value of a matrix key: whole rows of row_length.
 inline void check_matrix_init(const key& k, std::size_t size, std::size_t row_length) {
   if (row_length == 0) fail(errc::invalid_argument, "init", k, "row_length is 0");
@@ -54,6 +63,25 @@ inline void check_matrix_init(const key& k, std::size_t size, std::size_t row_le
     fail(errc::size_mismatch, "init", k,
          "size " + std::to_string(size) + " is not a multiple of the row length " +
              std::to_string(row_length));
+}
+
+/// "[3, 8)": elements [offset, offset + n) as errors name them.
+inline std::string range_str(std::uint64_t offset, std::uint64_t n) {
+  const std::uint64_t end = n > ~std::uint64_t{0} - offset ? ~std::uint64_t{0} : offset + n;
+  return "[" + std::to_string(offset) + ", " + std::to_string(end) + ")";
+}
+
+/// Elements [offset, offset + n) of a key of `total`: not empty, not past the key's end.
+inline void check_range(std::string_view call, const key& k, std::uint64_t total,
+                        std::uint64_t offset, std::uint64_t n) {
+  if (n == 0)
+    fail(errc::invalid_argument, call, k,
+         "an empty range at offset " + std::to_string(offset) + " (the key has " + elems(total) +
+             ")");
+  if (offset > total || n > total - offset)
+    fail(errc::size_mismatch, call, k,
+         "elements " + range_str(offset, n) + " are past the key's end (it has " + elems(total) +
+             ")");
 }
 
 /// Rows of a matrix key of `total` elements, and `n` elements for them.

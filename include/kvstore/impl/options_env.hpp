@@ -51,6 +51,11 @@ inline void dist_options::apply_env() {
       throw error(errc::invalid_argument,
                   "KVSTORE_TYPE=\"" + *v + "\": expected dist_sync or dist_async");
   }
+  if (auto v = env::first_of("KVSTORE_COLOCATED")) {
+    if (*v != "0" && *v != "1")
+      throw error(errc::invalid_argument, "KVSTORE_COLOCATED=\"" + *v + "\": expected 0 or 1");
+    colocated = *v == "1";
+  }
   if (auto v = env::first_of("KVSTORE_TOKEN")) token = *v;
   if (auto v = env::first_of("KVSTORE_RANK"))
     rank_hint = env::parse_int("KVSTORE_RANK", *v, 0, 1 << 16);
@@ -86,6 +91,8 @@ inline void dist_options::apply_env() {
   count("KVSTORE_MAX_QUEUED_BYTES", max_queued_bytes);
   count("KVSTORE_MAX_CONNECTIONS", max_connections);
   count("KVSTORE_MAX_PENDING_CONNECTIONS", max_pending_connections);
+  count("KVSTORE_MAX_HELD_PULLS", max_held_pulls);
+  apply_staleness_env();
   if (auto v = env::first_of("KVSTORE_AUTH_BIND_ADDRESS")) {
     if (*v != "0" && *v != "1")
       throw error(errc::invalid_argument,
@@ -120,12 +127,63 @@ inline void dist_options::apply_env() {
   if (auto v = env::first_of("KVSTORE_BIND")) bind_host = *v;
   if (auto v = env::first_of("KVSTORE_ADVERTISE")) advertise_host = *v;
   if (!role_given) apply_launcher_env();
+  apply_colocated_env();
+}
+
+inline void dist_options::apply_colocated_env() {
+  namespace env = detail::env;
+  if (!colocated) return;
+  if (auto v = env::first_of("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER");
+      v && num_servers != num_workers) {
+    const char* name = env::get("KVSTORE_NUM_SERVERS") ? "KVSTORE_NUM_SERVERS" : "DMLC_NUM_SERVER";
+    throw error(errc::invalid_argument,
+                "KVSTORE_COLOCATED=1 puts one server in each of the job's " +
+                    std::to_string(num_workers) + " workers, but " + name + "=" + *v +
+                    " asks for " + std::to_string(num_servers) + " servers");
+  }
+  num_servers = num_workers;
+  resolve_colocated();
+}
+
+inline void dist_options::apply_colocated_launcher(const launcher_rank& l) {
+  namespace env = detail::env;
+  if (env::first_of("KVSTORE_NUM_WORKERS", "DMLC_NUM_WORKER") && num_workers != l.size)
+    throw error(
+        errc::invalid_argument,
+        std::string(env::get("KVSTORE_NUM_WORKERS") ? "KVSTORE_NUM_WORKERS" : "DMLC_NUM_WORKER") +
+            "=" + std::to_string(num_workers) + " but " + l.source + " gives " +
+            std::to_string(l.size) + " processes, each a worker of a colocated job");
+  num_workers = l.size;
+  role = kvstore::role::worker;
+  rank_hint = l.rank;
+  colocated_scheduler = l.rank == 0;
+  apply_launcher_scheduler();
+}
+
+// KVSTORE_STALENESS: a non-negative count of pushes, or "unbounded".
+inline void dist_options::apply_staleness_env() {
+  auto v = detail::env::first_of("KVSTORE_STALENESS");
+  if (!v) return;
+  if (*v == "unbounded") {
+    staleness.reset();
+    return;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const auto x = std::strtoull(v->c_str(), &end, 10);
+  if (v->empty() || (*v)[0] < '0' || (*v)[0] > '9' || *end != '\0' || errno == ERANGE ||
+      x > static_cast<unsigned long long>(std::numeric_limits<std::int64_t>::max()))
+    throw error(
+        errc::invalid_argument,
+        "KVSTORE_STALENESS=\"" + *v + "\": expected a non-negative number of pushes, or unbounded");
+  staleness = static_cast<std::uint64_t>(x);
 }
 
 inline void dist_options::apply_launcher_env() {
   namespace env = detail::env;
   auto l = env::launcher();
   if (l.rank < 0) return;
+  if (colocated) return apply_colocated_launcher(l);
   const bool servers_given = env::first_of("KVSTORE_NUM_SERVERS", "DMLC_NUM_SERVER").has_value();
   if (!servers_given) num_servers = 1;
   if (l.size < num_servers + 2)
@@ -151,6 +209,11 @@ inline void dist_options::apply_launcher_env() {
     role = kvstore::role::worker;
     rank_hint = l.rank - 1 - num_servers;
   }
+  apply_launcher_scheduler();
+}
+
+inline void dist_options::apply_launcher_scheduler() {
+  namespace env = detail::env;
   if (!env::first_of("KVSTORE_SCHEDULER") && !env::first_of("DMLC_PS_ROOT_URI")) {
     if (auto a = env::first_of("MASTER_ADDR")) {
       scheduler_host = *a;

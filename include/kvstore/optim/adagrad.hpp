@@ -26,17 +26,19 @@ struct adagrad {
   static constexpr std::string_view name = "adagrad";
   static constexpr int num_slots = 1;
 
-  /// The per-element step with these parameters (shared with the device kernels).
+  /// The per-element step with these parameters, the learning rate and weight decay scaled by
+  /// a key's multipliers (shared with the device kernels).
   template <class T>
-  kvstore::detail::adagrad_step<T> step() const {
+  kvstore::detail::adagrad_step<T> step(double lr_mult = 1, double wd_mult = 1) const {
     return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient),
-            static_cast<T>(learning_rate), static_cast<T>(epsilon), static_cast<T>(weight_decay)};
+            static_cast<T>(learning_rate * lr_mult), static_cast<T>(epsilon),
+            static_cast<T>(weight_decay * wd_mult)};
   }
 
   /// Precondition: grad, weight and the slot have the same size (checked by the store).
   template <class T>
   void update(std::span<const T> grad, std::span<T> weight, const slots_view<T>& s) const {
-    const kvstore::detail::adagrad_step<T> st = step<T>();
+    const kvstore::detail::adagrad_step<T> st = step<T>(s.lr_mult, s.wd_mult);
     const std::size_t n = weight.size();
     T* w = weight.data();
     const T* gr = grad.data();

@@ -29,28 +29,29 @@ struct adam {
   static constexpr std::string_view name = "adam";
   static constexpr int num_slots = 2;
 
-  /// The per-element step of update number `step` (1 for the first; 0 counts as 1), shared with
-  /// the device kernels.
+  /// The per-element step of update number `step` (1 for the first; 0 counts as 1), the learning
+  /// rate and weight decay scaled by a key's multipliers; shared with the device kernels.
   template <class T>
-  kvstore::detail::adam_step<T> step_at(std::uint64_t step) const {
+  kvstore::detail::adam_step<T> step_at(std::uint64_t step, double lr_mult = 1,
+                                        double wd_mult = 1) const {
     // The bias correction is a per-call scalar; compute it in double so that large step counts
     // do not lose it to float rounding.
     const double t = static_cast<double>(step == 0 ? 1 : step);
     return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient),
-            static_cast<T>(learning_rate * std::sqrt(1 - std::pow(beta2, t)) /
+            static_cast<T>(learning_rate * lr_mult * std::sqrt(1 - std::pow(beta2, t)) /
                            (1 - std::pow(beta1, t))),
             static_cast<T>(beta1),
             static_cast<T>(beta2),
             static_cast<T>(1 - beta1),
             static_cast<T>(1 - beta2),
             static_cast<T>(epsilon),
-            static_cast<T>(weight_decay)};
+            static_cast<T>(weight_decay * wd_mult)};
   }
 
   /// Precondition: grad, weight and both slots have the same size (checked by the store).
   template <class T>
   void update(std::span<const T> grad, std::span<T> weight, const slots_view<T>& s) const {
-    const kvstore::detail::adam_step<T> st = step_at<T>(s.step);
+    const kvstore::detail::adam_step<T> st = step_at<T>(s.step, s.lr_mult, s.wd_mult);
     const std::size_t n = weight.size();
     T* w = weight.data();
     const T* gr = grad.data();

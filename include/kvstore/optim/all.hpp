@@ -4,6 +4,7 @@
 
 #include <kvstore/optim/adagrad.hpp>
 #include <kvstore/optim/adam.hpp>
+#include <kvstore/optim/add.hpp>
 #include <kvstore/optim/grad.hpp>
 #include <kvstore/optim/optimizer.hpp>
 #include <kvstore/optim/registry.hpp>

@@ -25,12 +25,22 @@ struct state {
 };
 
 /// What one update call sees: the slots restricted to the elements being updated (the whole key,
-/// one slice of it on a server, or some rows), and the step number of this update (1 for the
-/// first update of the key).
+/// one slice of it on a server, or some rows), the step number of this update (1 for the first
+/// update of the key), and the key's multipliers of the learning rate and weight decay
+/// (set_key_options: MXNet's lr_mult and wd_mult). The built-in optimizers scale by them; a
+/// registered optimizer of your own should too.
 template <class T>
 struct slots_view {
   std::array<std::span<T>, max_slots> slot{};
   std::uint64_t step = 1;
+  double lr_mult = 1;
+  double wd_mult = 1;
+};
+
+/// A key's multipliers, as its updates see them (slots_view).
+struct multipliers {
+  double lr = 1;
+  double wd = 1;
 };
 
 /// A registered optimizer type: an aggregate of parameters with
@@ -66,10 +76,11 @@ struct updater {
 
   /// Applies one update of the whole key (grad and weight the same size) with its state, which is
   /// sized on first use. Increments the step count.
-  void apply(const key& k, std::span<const T> grad, std::span<T> weight, state<T>& st) const {
+  void apply(const key& k, std::span<const T> grad, std::span<T> weight, state<T>& st,
+             multipliers m = {}) const {
     ensure_state(st, weight.size());
     ++st.step;
-    fn(k, grad, weight, view(st, 0, weight.size()));
+    fn(k, grad, weight, view(st, 0, weight.size(), m));
   }
 
   /// Sizes the state for a key of n elements (no-op once sized).
@@ -79,10 +90,12 @@ struct updater {
     }
   }
 
-  /// The slots of elements [offset, offset + n), at the current step.
-  static slots_view<T> view(state<T>& st, std::size_t offset, std::size_t n) {
+  /// The slots of elements [offset, offset + n), at the current step, with the key's multipliers.
+  static slots_view<T> view(state<T>& st, std::size_t offset, std::size_t n, multipliers m = {}) {
     slots_view<T> v;
     v.step = st.step;
+    v.lr_mult = m.lr;
+    v.wd_mult = m.wd;
     for (std::size_t i = 0; i < st.slots.size() && i < max_slots; ++i)
       v.slot[i] = std::span<T>(st.slots[i]).subspan(offset, n);
     return v;

@@ -7,6 +7,7 @@
 #include <kvstore/key.hpp>
 #include <kvstore/optim/adagrad.hpp>
 #include <kvstore/optim/adam.hpp>
+#include <kvstore/optim/add.hpp>
 #include <kvstore/optim/optimizer.hpp>
 #include <kvstore/optim/sgd.hpp>
 
@@ -107,6 +108,7 @@ struct optimizer_registry {
     add<optim::sgd>();
     add<optim::adam>();
     add<optim::adagrad>();
+    add<optim::add>();
   }
 
   template <optim::registered_optimizer O>

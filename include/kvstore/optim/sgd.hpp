@@ -25,19 +25,19 @@ struct sgd {
   static constexpr std::string_view name = "sgd";
   static constexpr int num_slots = 1;
 
-  /// Precondition: grad.size() == weight.size() == s.slot[0].size() (checked by the store).
-  /// The per-element step with these parameters (shared with the device kernels).
+  /// The per-element step with these parameters, the learning rate and weight decay scaled by
+  /// a key's multipliers (shared with the device kernels).
   template <class T>
-  kvstore::detail::sgd_step<T> step() const {
+  kvstore::detail::sgd_step<T> step(double lr_mult = 1, double wd_mult = 1) const {
     return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient),
-            static_cast<T>(learning_rate), static_cast<T>(weight_decay), static_cast<T>(momentum),
-            momentum > 0};
+            static_cast<T>(learning_rate * lr_mult), static_cast<T>(weight_decay * wd_mult),
+            static_cast<T>(momentum), momentum > 0};
   }
 
   /// Precondition: grad.size() == weight.size() == s.slot[0].size() (checked by the store).
   template <class T>
   void update(std::span<const T> grad, std::span<T> weight, const slots_view<T>& s) const {
-    const kvstore::detail::sgd_step<T> st = step<T>();
+    const kvstore::detail::sgd_step<T> st = step<T>(s.lr_mult, s.wd_mult);
     const std::size_t n = weight.size();
     T* w = weight.data();
     const T* gr = grad.data();

@@ -154,7 +154,8 @@ void save_states(const std::filesystem::path& path, std::string_view optimizer_n
 template <class T>
 std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
                                                    std::string_view expected_optimizer_name,
-                                                   std::string_view source = "<memory>") {
+                                                   std::string_view source = "<memory>",
+                                                   std::string* saved_for = nullptr) {
   static_assert(std::is_arithmetic_v<T>, "optimizer states hold arithmetic elements");
   auto bad = [&](const std::string& what) {
     return kvstore::error(errc::bad_file,
@@ -185,7 +186,9 @@ std::map<std::uint64_t, key_state<T>> parse_states(std::string_view bytes,
   if (name_len > kvstore::detail::state_file_max_name) throw bad("corrupt header (name length)");
   std::string_view name;
   if (!r.take(name_len, name)) throw bad("truncated header");
-  if (name != expected_optimizer_name)
+  if (saved_for)
+    *saved_for = name;  // the caller checks it (load_states_any)
+  else if (name != expected_optimizer_name)
     throw bad("saved for optimizer \"" + std::string(name) + "\", the store's optimizer is \"" +
               std::string(expected_optimizer_name) + "\"");
   std::uint64_t payload_len = 0;
@@ -245,6 +248,16 @@ std::map<std::uint64_t, key_state<T>> load_states(const std::filesystem::path& p
   const std::string bytes = kvstore::detail::read_file(
       path, {kvstore::detail::state_file_magic, sizeof kvstore::detail::state_file_magic});
   return parse_states<T>(bytes, expected_optimizer_name, path.string());
+}
+
+/// load_states for a caller that checks the optimizer elsewhere (a dist worker: its servers
+/// know which optimizer they run): the file's optimizer name goes to `saved_for`.
+template <class T>
+std::map<std::uint64_t, key_state<T>> load_states_any(const std::filesystem::path& path,
+                                                      std::string& saved_for) {
+  const std::string bytes = kvstore::detail::read_file(
+      path, {kvstore::detail::state_file_magic, sizeof kvstore::detail::state_file_magic});
+  return parse_states<T>(bytes, {}, path.string(), &saved_for);
 }
 
 }  // namespace kvstore::optim

@@ -274,6 +274,7 @@ class scheduler final : public transport::node_base {
       std::vector<node*> unplaced;
       for (auto& n : nodes_) {
         if (n.r != r) continue;
+        if (r == role::worker) take_own_server_rank(n);
         if (n.rank >= 0 && n.rank < total && !taken[static_cast<std::size_t>(n.rank)])
           taken[static_cast<std::size_t>(n.rank)] = true;
         else
@@ -296,6 +297,18 @@ class scheduler final : public transport::node_base {
     detail::log_info("scheduler", "job gathered: " + std::to_string(opts_.num_servers) +
                                       " servers, " + std::to_string(opts_.num_workers) +
                                       " workers");
+  }
+
+  // A colocated worker registers the address of the server it runs (dist_options::colocated):
+  // it takes that server's rank, so worker rank = server rank whatever order they came in.
+  // Servers are ranked before workers.
+  void take_own_server_rank(node& w) const {
+    if (w.port == 0) return;
+    for (auto& n : nodes_)
+      if (n.r == role::server && n.port == w.port && n.host == w.host) {
+        w.rank = n.rank;
+        return;
+      }
   }
 
   // Node n's address book: a server's carries the job secret (it checks every worker's hello), a

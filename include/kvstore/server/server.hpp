@@ -16,6 +16,8 @@
 #include <kvstore/transport/node_base.hpp>
 #include <kvstore/wire/messages.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -85,6 +87,9 @@ class server final : public transport::node_base {
   void on_command(command_handler h) { on_command_ = std::move(h); }
 
   using node_base::port;
+  /// The host this server registers for workers to reach it (empty: the scheduler uses the
+  /// address it sees).
+  const std::string& advertised_host() const noexcept { return advertise_; }
   int rank() const noexcept { return rank_; }
   /// The node id workers' hello proofs name (-1 until the address book or a rank hint sets it).
   int id() const noexcept { return id_; }
@@ -148,7 +153,18 @@ class server final : public transport::node_base {
     c.max_key_bytes = o.max_key_bytes;
     c.max_total_bytes = o.max_total_bytes ? o.max_total_bytes : half_of_physical_memory();
     c.max_keys = o.max_keys;
+    held_config(o, c);
     return c;
+  }
+  // Held pulls (versions, staleness): a held pull fails a little before the worker's own
+  // deadline, so the worker gets this server's reason (the key and what it waited for).
+  static void held_config(const dist_options& o, detail::shard_config& c) {
+    o.check_versions();
+    c.staleness = o.staleness;
+    c.max_held_pulls = o.max_held_pulls;
+    c.max_held_bytes = o.max_queued_bytes;
+    c.hold_timeout =
+        o.request_timeout - std::min(o.request_timeout / 4, std::chrono::milliseconds(250));
   }
   // max_total_bytes' default: a server never takes more than half the machine on its peers' word.
   static std::uint64_t half_of_physical_memory() {
@@ -174,6 +190,7 @@ class server final : public transport::node_base {
   std::size_t connections() const override { return workers_.size(); }
   void accepted(conn_ptr c) override { workers_.insert(std::move(c)); }
   void close_all() override {
+    held_timer_.cancel();
     for (auto& c : workers_) c->close("server shutting down");
     if (sched_) sched_->close("server shutting down");
   }
@@ -224,6 +241,22 @@ class server final : public transport::node_base {
       if (e.code() == make_error_code(errc::protocol)) throw;
       reply(c, h.req_id, static_cast<errc>(e.code().value()), e.what());
     }
+    arm_held_timer();
+  }
+
+  // Pulls held for a version or slower workers fail at their deadline: a timer for the earliest.
+  void arm_held_timer() {
+    if (held_armed_ || done_) return;
+    auto next = shard_.next_held_deadline();
+    if (!next) return;
+    held_armed_ = true;
+    held_timer_.expires_at(*next);
+    held_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || done_) return;
+      held_armed_ = false;
+      shard_.expire_held(std::chrono::steady_clock::now());
+      arm_held_timer();
+    });
   }
 
   // A worker's hello: the proof in its meta must come from the credential of the rank it claims,
@@ -415,6 +448,8 @@ class server final : public transport::node_base {
   };
   std::vector<early_hello> early_hellos_;  // hellos that came before the address book
   std::map<int, std::weak_ptr<transport::connection>> live_;  // each rank's verified connection
+  transport::asio::steady_timer held_timer_{io_};             // the earliest held pull's deadline
+  bool held_armed_ = false;
 };
 
 }  // namespace kvstore

@@ -9,7 +9,8 @@
 // is sent, and then drops it:
 //   void reply(std::uint64_t req_id, errc status, std::string message) const;  // a response
 //   void send(wire::header h, std::span<const std::byte> payload,              // any other
-//             std::shared_ptr<const void> keep) const;  // frame; `keep` owns the payload bytes
+//             std::shared_ptr<const void> keep,     // frame; `keep` owns the payload bytes,
+//             std::string meta = {}) const;         // `meta` is the frame's text
 // Everything runs on one thread (the server's io thread): no locks.
 #pragma once
 
@@ -17,6 +18,7 @@
 #include <kvstore/error.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/optim/all.hpp>
+#include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/slice.hpp>
 #include <kvstore/wire/encoding.hpp>
 #include <kvstore/wire/frame.hpp>
@@ -24,11 +26,13 @@
 #include <kvstore/wire/meta.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -48,6 +52,14 @@ struct shard_config {
   /// Bytes of all slices together (each also counts key_overhead_bytes); 0: no bound.
   std::uint64_t max_total_bytes = 0;
   std::uint64_t max_keys = std::uint64_t{1} << 24;  ///< slices this shard holds at most
+
+  // Versions and bounded staleness: pulls held until they may be answered.
+  /// dist_async: a pull waits until every worker still in the group pushed the key at least
+  /// (the puller's pushes of it) - staleness times; nullopt: unbounded (no wait).
+  std::optional<std::uint64_t> staleness;
+  std::size_t max_held_pulls = 4096;                       ///< held pulls of one worker at most
+  std::uint64_t max_held_bytes = std::uint64_t{64} << 20;  ///< and their bytes (row lists)
+  std::chrono::milliseconds hold_timeout{120'000};         ///< a held pull fails after this
 };
 
 /// What one key costs a server beyond its value (its slice record, map node, round state), as
@@ -119,19 +131,27 @@ class shard {
       case wire::cmd::init:
         return init(rank, from, h, meta, payload);
       case wire::cmd::push:
+        if (h.flags & wire::flag_range) refuse_encoded_range(h);
+        if (h.flags & wire::flag_range) check_range_push(h, meta, payload.size());
         return push(rank, from, h, payload);
       case wire::cmd::push_rows:
         return push_rows(rank, from, h, meta, payload);
       case wire::cmd::pull:
-        return pull(from, h);
+        if (h.flags & wire::flag_range) refuse_encoded_range(h);
+        if (h.flags & wire::flag_range) return pull_range(rank, from, h, meta);
+        return pull(rank, from, h);
       case wire::cmd::pull_rows:
-        return pull_rows(from, h, meta);
+        return pull_rows(rank, from, h, meta);
+      case wire::cmd::version:
+        return version(from, h);
       case wire::cmd::set_optimizer:
         return set_optimizer(from, h, meta);
       case wire::cmd::save_states:
         return save_states(from, h);
       case wire::cmd::load_states:
-        return load_states(from, h, payload);
+        return load_states(from, h, meta, payload);
+      case wire::cmd::key_options:
+        return set_key_options(from, h, meta);
       default:
         throw error(errc::protocol,
                     "unexpected command " + std::to_string(static_cast<int>(h.command)));
@@ -313,10 +333,56 @@ class shard {
     end_async_frame(s, rank, from, h);
   }
 
-  /// The slice's value, in data frames of at most chunk_bytes (the last flagged).
-  void pull(const Port& from, const wire::header& h) {
+  /// The slice's value, in data frames of at most chunk_bytes (the last flagged); held first
+  /// while the slice is below the version in h.aux or the puller is too far ahead (staleness).
+  void pull(int rank, const Port& from, const wire::header& h) {
     slice& s = find(h);
-    if (wire::encoding_bits(h.flags)) return pull_encoded(from, h, s);
+    // A pull in an encoding the server cannot answer is refused now, not once it is released.
+    if (wire::encoding_bits(h.flags)) (void)pull_encoding(h);
+    if (!may_answer(rank, s, h.aux)) return hold({from, rank, h, {}, {}});
+    send_value(from, h, s);
+  }
+
+  /// The rows listed in meta, in data frames (offset: index of the frame's first row in the
+  /// list); held as a pull is.
+  void pull_rows(int rank, const Port& from, const wire::header& h, std::string_view meta) {
+    slice& s = find(h);
+    auto rows = check_rows(s, h, meta);
+    // Each row at most once (workers ask for distinct rows and copy repeats themselves), so an
+    // answer is never bigger than the slice: naming one row 50,000 times would make the server
+    // copy it 50,000 times.
+    refuse_repeated_rows(h.key, rows);
+    if (!may_answer(rank, s, h.aux)) return hold({from, rank, h, std::move(rows), {}});
+    send_rows(from, h, s, rows);
+  }
+
+  /// A range pull: the elements its meta names (wire::range_meta, inside the slice), answered
+  /// as send_range says; held as a pull is.
+  void pull_range(int rank, const Port& from, const wire::header& h, std::string_view meta) {
+    slice& s = find(h);
+    const wire::range_meta r = range_in_slice(s, h, meta);
+    if (!may_answer(rank, s, h.aux)) {
+      held_pull<Port> p{from, rank, h, {}, {}};
+      p.range_offset = r.offset;
+      p.range_length = r.length;
+      return hold(std::move(p));
+    }
+    send_range(from, h, s, r);
+  }
+
+  /// The slice's version (rounds completed, or async pushes applied) as the response's aux.
+  void version(const Port& from, const wire::header& h) {
+    const slice& s = find(h);
+    wire::header f;
+    f.command = wire::cmd::response;
+    f.req_id = h.req_id;
+    f.aux = s.round;
+    from.send(f, {}, nullptr);
+  }
+
+ private:
+  void send_value(const Port& from, const wire::header& h, const slice& s) {
+    if (wire::encoding_bits(h.flags)) return send_encoded(from, h, s);
     const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
     std::shared_ptr<const void> keep = s.value;
     const std::byte* base = s.value->data();
@@ -329,14 +395,11 @@ class shard {
     }
   }
 
-  /// The slice's value in the 16-bit encoding the pull asks for (its flags), encoded once and
-  /// sent in data frames of at most chunk_bytes, each flagged with the encoding.
-  void pull_encoded(const Port& from, const wire::header& h, slice& s) {
-    const wire::encoding e = known_encoding(h, "pull");
-    if (!wire::is_16bit(e))
-      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": a pull in " +
-                                              wire::encoding_name(e) +
-                                              ": 2-bit compression applies to pushes only");
+  // The slice's value in the 16-bit encoding the pull asks for (its flags, checked by
+  // pull_encoding), encoded once and sent in data frames of at most chunk_bytes, each flagged
+  // with the encoding.
+  void send_encoded(const Port& from, const wire::header& h, const slice& s) {
+    const wire::encoding e = pull_encoding(h);
     // The slice's last answer when no frame still holds it: a new buffer per pull costs page
     // faults and zeroing (32 MiB of them for a 64 MiB slice).
     if (!s.encoded || s.encoded.use_count() > 1) s.encoded = std::make_shared<bytes>();
@@ -355,14 +418,23 @@ class shard {
     }
   }
 
-  /// The rows listed in meta, in data frames (offset: index of the frame's first row in the list).
-  void pull_rows(const Port& from, const wire::header& h, std::string_view meta) {
-    slice& s = find(h);
-    auto rows = check_rows(s, h, meta);
-    // Each row at most once (workers ask for distinct rows and copy repeats themselves), so an
-    // answer is never bigger than the slice: naming one row 50,000 times would make the server
-    // copy it 50,000 times.
-    refuse_repeated_rows(h.key, rows);
+  // Elements [r.offset, r.offset + r.length) of the slice, in data frames of at most chunk_bytes
+  // flagged flag_range, their offsets counted from the range's first element.
+  void send_range(const Port& from, const wire::header& h, const slice& s, wire::range_meta r) {
+    const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
+    std::shared_ptr<const void> keep = s.value;
+    const std::byte* base = s.value->data() + (r.offset - s.lo) * s.elem();
+    for (std::uint64_t off = 0; off < r.length; off += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, r.length - off);
+      wire::header f = data_header(s, h);
+      f.offset = off;
+      f.flags = wire::flag_range | (off + n == r.length ? wire::flag_last : 0u);
+      from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
+    }
+  }
+
+  void send_rows(const Port& from, const wire::header& h, const slice& s,
+                 const std::vector<std::int64_t>& rows) {
     const std::uint64_t rl = s.row_length, row_bytes = rl * s.elem();
     const std::size_t per =
         std::max<std::size_t>(1, cfg_.chunk_bytes / std::max<std::uint64_t>(row_bytes, 1));
@@ -383,21 +455,36 @@ class shard {
     } while (i < rows.size());
   }
 
-  /// Sets the optimizer by registered name and parameters; every key's state starts afresh.
+ public:
+  /// Sets the optimizer by registered name and parameters. The same name again (new parameters:
+  /// a learning-rate schedule, or every worker setting it) keeps every key's state; another name
+  /// starts them afresh. Any worker may send it, any number of times.
   void set_optimizer(const Port& from, const wire::header& h, std::string_view meta) {
     auto [name, params] = wire::decode_optimizer(meta);
     auto f = optim::create_updater<float>(name, params);  // throws for unknown names, bad params
     auto d = optim::create_updater<double>(name, params);
     upd_f_ = std::move(f);
     upd_d_ = std::move(d);
-    for (auto& [k, s] : slices_) {
-      s.st_f = {};
-      s.st_d = {};
+    if (name != opt_name_)
+      for (auto& [k, s] : slices_) {
+        s.st_f = {};
+        s.st_d = {};
+      }
+    if (name != opt_name_ || params != opt_params_) {
+      log_info(who_, "optimizer set: " + name);
+      opt_name_ = name;
+      opt_params_ = params;
+      changed(true);
     }
-    opt_name_ = name;
-    opt_params_ = params;
+    from.reply(h.req_id, errc::ok, {});
+  }
+
+  /// A key's learning-rate and weight-decay multipliers, for its updates from now on.
+  void set_key_options(const Port& from, const wire::header& h, std::string_view meta) {
+    slice& s = find(h);
+    const auto m = wire::decode_key_multipliers(meta);
+    s.mult = {m.lr_mult, m.wd_mult};
     changed(true);
-    log_info(who_, "optimizer set: " + name);
     from.reply(h.req_id, errc::ok, {});
   }
 
@@ -428,12 +515,19 @@ class shard {
     f.command = wire::cmd::response;
     f.req_id = h.req_id;
     f.aux = count;
-    from.send(f, {out->data(), out->size()}, out);
+    // The answer's text names the optimizer the states belong to: a worker that never set it
+    // (rank 0 alone did) still writes the file for the right one.
+    from.send(f, {out->data(), out->size()}, out, opt_name_);
   }
 
-  /// Replaces the optimizer states of the keys in `payload` (save_states' format); everything
-  /// is checked before anything changes.
-  void load_states(const Port& from, const wire::header& h, std::span<const std::byte> payload) {
+  /// Replaces the optimizer states of the keys in `payload` (save_states' format), saved for the
+  /// optimizer named in `meta`; everything is checked before anything changes.
+  void load_states(const Port& from, const wire::header& h, std::string_view meta,
+                   std::span<const std::byte> payload) {
+    if (meta.size() > wire::max_optimizer_name_len || meta != opt_name_)
+      throw error(errc::invalid_argument, "the optimizer states were saved for optimizer \"" +
+                                              std::string(meta.substr(0, 64)) + "\", " + who_ +
+                                              " runs \"" + opt_name_ + "\"");
     struct staged {
       slice* s;
       optim::state<float> f;
@@ -486,6 +580,7 @@ class shard {
     if (rank < 0 || !left_.insert(rank).second) return false;
     for (auto& [k, s] : slices_)
       if (!s.round_waiters.empty()) maybe_complete(s);
+    release_all_held();  // it no longer holds faster workers back
     return true;
   }
 
@@ -502,6 +597,7 @@ class shard {
         s.init_waiters.clear();
       }
     }
+    held_after_death(why);
   }
 
   /// Worker `rank`'s connection closed: a push it re-sends on its next one starts again from its
@@ -509,7 +605,27 @@ class shard {
   void connection_lost(int rank) {
     for (auto& [k, s] : slices_)
       if (auto it = s.parts.find(rank); it != s.parts.end()) it->second.received = 0;
+    held_.take_worker(rank);  // their answers cannot reach it; it re-sends them if it comes back
   }
+
+  // ---- held pulls (versions and bounded staleness) --------------------------------------------
+
+  /// Answers the held pulls whose deadline passed at `now` with a timeout naming the key and what
+  /// it waited for. Returns the next deadline, if pulls are still held.
+  std::optional<std::chrono::steady_clock::time_point> expire_held(
+      std::chrono::steady_clock::time_point now) {
+    for (auto& p : held_.take_expired(now))
+      p.port.reply(p.h.req_id, errc::timeout,
+                   why_held(p) + " for " + std::to_string(cfg_.hold_timeout.count()) +
+                       " ms, this server's limit");
+    return held_.next_deadline();
+  }
+  std::optional<std::chrono::steady_clock::time_point> next_held_deadline() const {
+    return held_.next_deadline();
+  }
+  /// How many pulls are held (of worker `rank`, or of all).
+  std::size_t held(int rank) const { return held_.count(rank); }
+  std::size_t held() const { return held_.size(); }
 
   // ---- whole state, for snapshots (server/snapshots.hpp) --------------------------------------
 
@@ -527,6 +643,7 @@ class shard {
       d = optim::create_updater<double>(opt_name, opt_params);
     }
     slices_ = std::move(slices);
+    held_.take_all();
     held_bytes_ = 0;
     for (const auto& entry : slices_)
       held_bytes_ += entry.second.size() * entry.second.elem() + key_overhead_bytes;
@@ -600,6 +717,24 @@ class shard {
     return {};
   }
 
+  // Element ranges (push_range, pull_range) travel plain.
+  static void refuse_encoded_range(const wire::header& h) {
+    if (wire::encoding_bits(h.flags))
+      throw error(errc::unsupported,
+                  "key " + key_str(h.key) + ": a range push or pull in encoding " +
+                      std::to_string(wire::encoding_bits(h.flags)) + ": ranges travel plain");
+  }
+
+  // The 16-bit encoding a pull asks for: an unknown one is unsupported, 2 bits a bad argument.
+  static wire::encoding pull_encoding(const wire::header& h) {
+    const wire::encoding e = known_encoding(h, "pull");
+    if (!wire::is_16bit(e))
+      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": a pull in " +
+                                              wire::encoding_name(e) +
+                                              ": 2-bit compression applies to pushes only");
+    return e;
+  }
+
   // The encoding a push or pull names in its flags; one this server does not know is an error
   // `code` (unsupported: the request is refused, its connection kept).
   static wire::encoding known_encoding(const wire::header& h, const char* what,
@@ -638,6 +773,32 @@ class shard {
                       std::to_string(h.offset + n) + ") are outside this server's slice [" +
                       std::to_string(s.lo) + ", " + std::to_string(s.hi) + ")");
     return n;
+  }
+
+  // The range a range push's or pull's meta names: it must lie in this server's slice.
+  wire::range_meta range_in_slice(const slice& s, const wire::header& h, std::string_view meta) {
+    const wire::range_meta r = wire::decode_range(meta);  // not empty, no wrap: else protocol
+    if (r.offset < s.lo || r.offset > s.hi || r.length > s.hi - r.offset)
+      throw error(errc::size_mismatch,
+                  "key " + key_str(h.key) + ": range [" + std::to_string(r.offset) + ", " +
+                      std::to_string(r.offset + r.length) + ") is outside this server's slice [" +
+                      std::to_string(s.lo) + ", " + std::to_string(s.hi) + ") on " + who_);
+    return r;
+  }
+
+  // A frame of a range push: its elements lie in the range its meta names, and the range in the
+  // slice. The frame is then a push like any other: in dist_sync it counts as this worker's push
+  // of the slice for the round, and the round's coverage keeps the elements it did not write.
+  void check_range_push(const wire::header& h, std::string_view meta, std::size_t payload_len) {
+    const slice& s = find(h);
+    const wire::range_meta r = range_in_slice(s, h, meta);
+    const std::uint64_t n = payload_len / s.elem();
+    if (h.offset < r.offset || h.offset - r.offset > r.length ||
+        n > r.length - (h.offset - r.offset))
+      throw error(errc::size_mismatch,
+                  "key " + key_str(h.key) + ": elements [" + std::to_string(h.offset) + ", " +
+                      std::to_string(h.offset + n) + ") of a range push are outside its range [" +
+                      std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
   }
 
   std::vector<std::int64_t> check_rows(const slice& s, const wire::header& h,
@@ -724,8 +885,10 @@ class shard {
     if (!(h.flags & wire::flag_last)) return;
     s.parts.erase(rank);
     if (h.aux) s.applied[rank] = h.aux;
+    ++s.round;  // the slice's version in dist_async: pushes applied (exactly once each)
     changed();  // a snapshot due now is written before the answer: an answered push is kept
     from.reply(h.req_id, errc::ok, {});
+    release_held(s);
   }
 
   // A push re-sent after a restart that the snapshot already holds: answered, not applied twice.
@@ -748,7 +911,7 @@ class shard {
     upd.ensure_state(st, s.size());
     if (new_step) ++st.step;
     upd.fn(kvstore::key(static_cast<std::int64_t>(s.key)), std::span<const T>(grad, n),
-           std::span<T>(w, n), optim::updater<T>::view(st, rel, n));
+           std::span<T>(w, n), optim::updater<T>::view(st, rel, n, s.mult));
   }
 
   template <class T>
@@ -790,6 +953,88 @@ class shard {
     changed();
     for (auto& w : s.round_waiters) w.port.reply(w.req_id, errc::ok, {});
     s.round_waiters.clear();
+    release_held(s);
+  }
+
+  // ---- held pulls ----------------------------------------------------------------------------
+
+  // How many pushes of the slice's key worker `rank` had applied here: its last push number
+  // (workers number their pushes of a key 1, 2, ... and send each to every slice of the key, and
+  // a re-sent push is never applied twice, so this is a count that survives a restart).
+  static std::uint64_t pushes_of(const slice& s, int rank) {
+    auto it = s.applied.find(rank);
+    return it == s.applied.end() ? 0 : it->second;
+  }
+
+  // A worker of the group (not left, not dead) that worker `rank` is more than staleness
+  // pushes of this slice ahead of, if any. Only dist_async has a bound: in dist_sync a push is
+  // answered once every worker's push of its round is in, so no worker is ever ahead.
+  std::optional<int> laggard(int rank, const slice& s) const {
+    if (cfg_.sync || !cfg_.staleness) return std::nullopt;
+    const std::uint64_t own = pushes_of(s, rank);
+    if (own <= *cfg_.staleness) return std::nullopt;
+    for (int r = 0; r < cfg_.num_workers; ++r)
+      if (r != rank && !left_.count(r) && !dead_.count(r) &&
+          pushes_of(s, r) < own - *cfg_.staleness)
+        return r;
+    return std::nullopt;
+  }
+
+  bool may_answer(int rank, const slice& s, std::uint64_t min_version) const {
+    return s.round >= min_version && !laggard(rank, s);
+  }
+
+  void hold(held_pull<Port> p) {
+    p.deadline = std::chrono::steady_clock::now() + cfg_.hold_timeout;
+    const std::string what = "a pull of key " + key_str(p.h.key);
+    held_.hold(std::move(p), {cfg_.max_held_pulls, cfg_.max_held_bytes}, who_, what);
+  }
+
+  void answer_held(const held_pull<Port>& p, const slice& s) {
+    if (p.h.command == wire::cmd::pull_rows)
+      send_rows(p.port, p.h, s, p.rows);
+    else if (p.h.flags & wire::flag_range)
+      send_range(p.port, p.h, s, {p.range_offset, p.range_length});
+    else
+      send_value(p.port, p.h, s);
+  }
+
+  // Answers the held pulls of `s` that may be answered now.
+  void release_held(const slice& s) {
+    if (held_.empty()) return;
+    for (auto& p : held_.take_ready(
+             s.key, [&](const held_pull<Port>& q) { return may_answer(q.rank, s, q.h.aux); }))
+      answer_held(p, s);
+  }
+
+  void release_all_held() {
+    for (auto k : held_.keys())
+      if (auto it = slices_.find(k); it != slices_.end()) release_held(it->second);
+  }
+
+  // A worker died without leaving the group: in dist_sync no round completes any more, so a
+  // pull waiting for a version fails now; in dist_async the dead worker holds no one back.
+  void held_after_death(const std::string& why) {
+    if (!cfg_.sync) return release_all_held();
+    for (auto& p : held_.take_all())
+      p.port.reply(p.h.req_id, errc::node_dead, why_held(p) + ", which cannot come: " + why);
+  }
+
+  // What a held pull waits for, for its error.
+  std::string why_held(const held_pull<Port>& p) const {
+    const std::string k = "key " + key_str(p.h.key);
+    auto it = slices_.find(p.h.key);
+    if (it == slices_.end()) return k + " waited";
+    const slice& s = it->second;
+    if (s.round < p.h.aux)
+      return k + " waited for version " + std::to_string(p.h.aux) + " (its slice on " + who_ +
+             " is at version " + std::to_string(s.round) + ")";
+    const auto slow = laggard(p.rank, s);
+    if (!slow) return k + " waited";
+    return k + " waited for worker " + std::to_string(*slow) + ", which pushed it " +
+           std::to_string(pushes_of(s, *slow)) + " times, more than staleness " +
+           std::to_string(*cfg_.staleness) + " behind worker " + std::to_string(p.rank) + "'s " +
+           std::to_string(pushes_of(s, p.rank));
   }
 
   void check_dead(slice& s) {
@@ -819,7 +1064,8 @@ class shard {
   optim::updater<double> upd_d_;
   std::string opt_name_, opt_params_;
   std::set<int> left_, dead_;
-  bytes scratch_;  // a compressed async push's frame, decoded (at most a slice's bytes)
+  bytes scratch_;          // a compressed async push's frame, decoded (at most a slice's bytes)
+  held_pulls<Port> held_;  // pulls waiting for a version or slower workers
 };
 
 }  // namespace kvstore::detail

@@ -33,6 +33,8 @@ shard_snapshot take_snapshot(const shard<Port>& sh, int rank) {
     static_cast<slice_header&>(x) = sl;
     x.applied.assign(sl.applied.begin(), sl.applied.end());
     for (auto& [r, p] : sl.parts) x.parts.push_back({r, p.seq, p.applied});
+    x.lr_mult = sl.mult.lr;
+    x.wd_mult = sl.mult.wd;
     x.value.assign(reinterpret_cast<const char*>(sl.value->data()), sl.value->size());
     with_dtype(sl.type, [&]<class T>() {
       const auto& st = sl.template state<T>();
@@ -43,6 +45,15 @@ shard_snapshot take_snapshot(const shard<Port>& sh, int rank) {
     snap.slices.push_back(std::move(x));
   }
   return snap;
+}
+
+/// A dist_async slice's version (pushes applied) from a snapshot written before async slices
+/// counted it in `round`: the sum of each worker's last push number, the count of its pushes
+/// (numbered 1, 2, ... per key) that the slice applied.
+inline std::uint64_t async_version_of(const slice_snapshot& x) {
+  std::uint64_t n = 0;
+  for (auto [rank, last] : x.applied) n += last;
+  return n;
 }
 
 /// Replaces the shard's slices and optimizer by `snap`'s. Every slice counts as inited by all
@@ -56,7 +67,9 @@ void restore_snapshot(shard<Port>& sh, const shard_snapshot& snap, int num_worke
     auto& sl = restored[x.key];
     static_cast<slice_header&>(sl) = x;
     sl.applied.insert(x.applied.begin(), x.applied.end());
+    if (!sh.config().sync && sl.round == 0) sl.round = async_version_of(x);
     for (auto& p : x.parts) sl.parts[p.rank] = {p.seq, p.frames, 0};
+    sl.mult = {x.lr_mult, x.wd_mult};
     sl.inited = true;
     sl.restored = true;
     for (int r = 0; r < num_workers; ++r) sl.init_done.insert(r);

@@ -35,6 +35,10 @@
 //
 // Every frame carries req_id (answers repeat it), priority (the sender's send order), sender (its
 // node id), type (element type of a payload) and status (errc of a response).
+//
+// Versions (issue 13): a pull's or pull_rows' aux is the version the slice must reach before it
+// is answered (0: at once); version (key id, key's elements, type) is answered by a response
+// whose aux is the slice's version.
 #pragma once
 
 #include <kvstore/wire/frame.hpp>
@@ -82,13 +86,16 @@ inline header push_header(const key_fields& k, std::uint64_t offset, std::uint64
   return h;
 }
 
-inline header pull_header(const key_fields& k, std::uint64_t slice_lo, int priority) {
+/// `min_version` (aux): the server answers once the slice reached it (0: at once).
+inline header pull_header(const key_fields& k, std::uint64_t slice_lo, int priority,
+                          std::uint64_t min_version = 0) {
   header h = plain(cmd::pull);
   h.key = k.key;
   h.total = k.total;
   h.type = k.type;
   h.offset = slice_lo;
   h.priority = priority;
+  h.aux = min_version;
   return h;
 }
 
@@ -110,6 +117,42 @@ inline header pull_rows_header(const key_fields& k, int priority) {
   h.total = k.total;
   h.type = k.type;
   h.priority = priority;
+  return h;
+}
+
+/// A frame of a range push: elements [offset, offset + n) of the key, inside the range its
+/// meta names (wire::range_meta).
+inline header push_range_header(const key_fields& k, std::uint64_t offset,
+                                std::uint64_t push_number, bool last, int priority) {
+  header h = push_header(k, offset, push_number, last, priority);
+  h.flags |= flag_range;
+  return h;
+}
+
+/// A range pull: the elements its meta names (wire::range_meta), from their first (`offset`).
+inline header pull_range_header(const key_fields& k, std::uint64_t offset, int priority) {
+  header h = pull_header(k, offset, priority);
+  h.flags = flag_range;
+  return h;
+}
+
+/// A key's learning-rate and weight-decay multipliers (meta: encode_key_multipliers), to each
+/// server holding a slice of it.
+inline header key_options_header(const key_fields& k) {
+  header h = plain(cmd::key_options);
+  h.key = k.key;
+  h.total = k.total;
+  h.type = k.type;
+  return h;
+}
+
+/// Asks for a key slice's version: rounds completed (dist_sync) or pushes applied (dist_async),
+/// answered in the response's aux.
+inline header version_header(const key_fields& k) {
+  header h = plain(cmd::version);
+  h.key = k.key;
+  h.total = k.total;
+  h.type = k.type;
   return h;
 }
 

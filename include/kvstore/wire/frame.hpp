@@ -73,7 +73,9 @@ enum flag : std::uint32_t {
   flag_last = 1u << 0,      ///< last chunk of this request from this sender
   flag_has_data = 1u << 1,  ///< init: this chunk carries the value (rank 0)
   flag_rows = 1u << 2,      ///< data: the answer of a pull_rows
-  flag_range = 1u << 3,     ///< push/pull: an element range of the key (offset, length in meta)
+  /// push/pull: an element range of the key (meta: range_meta, its offset and length on this
+  /// server); data: the answer of a range pull (offset counted from the range's first element)
+  flag_range = 1u << 3,
 };
 
 /// Bits 24-27 of a push's, pull's or data frame's flags: the payload's encoding

@@ -11,7 +11,9 @@
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/meta.hpp>
 
+#include <bit>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -267,6 +269,37 @@ inline init_meta decode_init_meta(std::string_view s) {
   });
 }
 
+// ---- range metadata: worker -> server (push and pull flagged flag_range) --------------------
+// u64 offset | u64 length: the elements [offset, offset + length) of the key a range push or pull
+// covers on the server it goes to. A range is never empty and never wraps; the server checks it
+// against its slice.
+
+struct range_meta {
+  std::uint64_t offset = 0, length = 0;
+};
+
+inline std::string encode_range(const range_meta& m) {
+  meta_writer w;
+  w.u64(m.offset).u64(m.length);
+  return w.take();
+}
+
+inline range_meta decode_range(std::string_view s) {
+  static constexpr const char* what = "range metadata";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    range_meta m;
+    m.offset = r.u64();
+    m.length = r.u64();
+    detail::expect_done(r, what);
+    if (m.length == 0) detail::bad(what, "an empty range at " + std::to_string(m.offset));
+    if (m.length > ~std::uint64_t{0} - m.offset)
+      detail::bad(what, "a range of " + std::to_string(m.length) + " elements at " +
+                            std::to_string(m.offset) + " wraps");
+    return m;
+  });
+}
+
 // ---- set_optimizer metadata: worker -> server ------------------------------------------------
 // str name | str params: a registered optimizer's name and parameters, never code
 
@@ -289,6 +322,34 @@ inline optimizer_spec decode_optimizer(std::string_view s) {
     if (m.name.size() > max_optimizer_name_len)
       detail::bad(what, "optimizer name of " + std::to_string(m.name.size()) + " bytes");
     m.params = r.str();
+    detail::expect_done(r, what);
+    return m;
+  });
+}
+
+// ---- key_options metadata: worker -> server -------------------------------------------------
+// f64 lr_mult | f64 wd_mult (IEEE bits as u64): a key's multipliers of the learning rate and
+// weight decay (set_key_options), finite
+
+struct key_multipliers {
+  double lr_mult = 1, wd_mult = 1;
+};
+
+inline std::string encode_key_multipliers(const key_multipliers& m) {
+  meta_writer w;
+  w.u64(std::bit_cast<std::uint64_t>(m.lr_mult)).u64(std::bit_cast<std::uint64_t>(m.wd_mult));
+  return w.take();
+}
+
+inline key_multipliers decode_key_multipliers(std::string_view s) {
+  static constexpr const char* what = "key_options";
+  return detail::parse(what, [&] {
+    meta_reader r(s);
+    key_multipliers m;
+    m.lr_mult = std::bit_cast<double>(r.u64());
+    m.wd_mult = std::bit_cast<double>(r.u64());
+    if (!std::isfinite(m.lr_mult) || !std::isfinite(m.wd_mult))
+      detail::bad(what, "a multiplier that is not finite");
     detail::expect_done(r, what);
     return m;
   });

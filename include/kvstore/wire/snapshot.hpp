@@ -10,7 +10,8 @@
 //   u64 key | u32 dtype | u64 total | u64 lo | u64 hi | u64 row length | u64 round | u64 step |
 //   u64 value bytes | u32 slots | value | slots (value bytes each) |
 //   u32 n | n x (u32 rank | u64 last push applied) |
-//   u32 n | n x (u32 rank | u64 seq | u64 frames applied)     (version 2 only)
+//   u32 n | n x (u32 rank | u64 seq | u64 frames applied)     (version 2 and later) |
+//   f64 lr_mult | f64 wd_mult (IEEE bits as u64)                (version 3)
 #pragma once
 
 #include <kvstore/detail/atomic_file.hpp>
@@ -19,6 +20,8 @@
 #include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -29,11 +32,13 @@
 namespace kvstore::wire {
 
 inline constexpr char snapshot_magic[8] = {'K', 'V', 'S', 'N', 'A', 'P', '0', '1'};
-inline constexpr std::uint32_t snapshot_version = 2;  // 2 added parts; version 1 files still load
+// 2 added parts, 3 the key's multipliers; files of versions 1 and 2 still load.
+inline constexpr std::uint32_t snapshot_version = 3;
 
-/// What a key slice is (key, element type, its range of the whole value, row length) and how
-/// many sync rounds it completed: a server's slice and its snapshot share these fields, so a
-/// snapshot and a restore each copy them in one assignment.
+/// What a key slice is (key, element type, its range of the whole value, row length) and its
+/// version, `round`: sync rounds completed (dist_sync) or pushes applied (dist_async; counted
+/// since issue 13, so older snapshots of async slices hold 0 there). A server's slice and its
+/// snapshot share these fields, so a snapshot and a restore each copy them in one assignment.
 struct slice_header {
   std::uint64_t key = 0;
   dtype type = dtype::none;
@@ -56,6 +61,7 @@ struct slice_snapshot : slice_header {
   std::vector<std::string> slots;  // optimizer state slots, raw, (hi - lo) elements each
   std::vector<std::pair<int, std::uint64_t>> applied;  // per worker: last push applied
   std::vector<part_snapshot> parts;  // per worker: an async push applied in part (version 2)
+  double lr_mult = 1, wd_mult = 1;   // the key's multipliers (set_key_options; version 3)
 };
 
 struct shard_snapshot {
@@ -99,11 +105,12 @@ inline std::string encode_snapshot(const shard_snapshot& s) {
     for (auto [r, q] : x.applied) b.u32(static_cast<std::uint32_t>(r)).u64(q);
     b.u32(static_cast<std::uint32_t>(x.parts.size()));
     for (auto& p : x.parts) b.u32(static_cast<std::uint32_t>(p.rank)).u64(p.seq).u64(p.frames);
+    b.u64(std::bit_cast<std::uint64_t>(x.lr_mult)).u64(std::bit_cast<std::uint64_t>(x.wd_mult));
   }
   return wrap_snapshot_body(b.take());
 }
 
-/// Parses and checks a snapshot of version 1 or 2; throws kvstore::error(bad_file) naming
+/// Parses and checks a snapshot of version 1, 2 or 3; throws kvstore::error(bad_file) naming
 /// `what` (the path) and the problem.
 inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string& what) {
   auto bad = [&](const std::string& why) -> error {
@@ -116,7 +123,7 @@ inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string&
   try {
     meta_reader h(bytes.substr(sizeof snapshot_magic, head - sizeof snapshot_magic));
     const auto version = h.u32();
-    if (version != snapshot_version && version != 1)
+    if (version < 1 || version > snapshot_version)
       throw bad("format version " + std::to_string(version) + ", expected " +
                 std::to_string(snapshot_version));
     const auto len = h.u64();
@@ -175,6 +182,12 @@ inline shard_snapshot decode_snapshot(std::string_view bytes, const std::string&
           p.frames = r.u64();
           x.parts.push_back(p);
         }
+      }
+      if (version >= 3) {
+        x.lr_mult = std::bit_cast<double>(r.u64());
+        x.wd_mult = std::bit_cast<double>(r.u64());
+        if (!std::isfinite(x.lr_mult) || !std::isfinite(x.wd_mult))
+          throw bad("a key's multipliers are not finite");
       }
       s.slices.push_back(std::move(x));
     }
