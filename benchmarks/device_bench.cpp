@@ -2,11 +2,11 @@
 //
 //  (a) k-way sum: k = 2, 4, 8 values of 4 KiB .. 256 MiB (float) pushed to one key, summed into
 //      its value on the owner device by one fused kernel. Baseline: a device-to-device copy of the
-//      same bytes (cudaMemcpyAsync; memcpy on the OMP build) and, on the OMP build, a STREAM-style
-//      OpenMP loop doing the same sum. GB/s counts every byte read and written: (k + 1) x size for
-//      the sum, 2 x size for the copy, in 1e9 B/s. Also the fused kernel alone (no store), to tell
-//      the kernel's efficiency from the store's per-op cost. Ops are issued in batches, then
-//      waited for.
+//      same bytes (cudaMemcpyAsync; memcpy on the OMP build) and, on the OMP build, the
+//      STREAM-style loop local_bench uses (bench_support.hpp) doing the same sum. GB/s counts every
+//      byte read and written: (k + 1) x size for the sum, 2 x size for the copy, in 1e9 B/s. Also
+//      the fused kernel alone (no store), to tell the kernel's efficiency from the store's per-op
+//      cost. Ops are issued in batches, then waited for.
 //  (b) fused update: 4 values summed and applied by SGD in one pass (the store's push), against
 //      the sum into a scratch buffer and then an SGD pass (what KVStore<local> does). Plain SGD
 //      and SGD with momentum; 256 MiB values on CUDA, 64 MiB on the OMP build. Ratio = unfused
@@ -24,62 +24,25 @@
 // A CUDA build with no GPU visible prints so and exits 77.
 #include <kvstore/device.hpp>
 
+#include "bench_support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
 
 namespace rt = kvstore::detail::rt;
-using clk = std::chrono::steady_clock;
+using bench::clk;
+using bench::results;
+using bench::secs;
+using bench::summarize;
 using store = kvstore::KVStore<kvstore::device, float>;
-
-double secs(clk::time_point a, clk::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
-struct stats {
-  double med = 0, min = 0, max = 0;
-};
-stats summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return {n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2, v.front(), v.back()};
-}
-
-struct result {
-  std::string name;
-  double value;
-  std::string unit;
-  double baseline;  // < 0: none
-  double ratio;     // < 0: none
-};
-std::vector<result> results;
-
-bool write_json(const std::string& path) {
-  std::ofstream f(path);
-  if (!f) return false;
-  f << "[\n";
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const auto& r = results[i];
-    char buf[512];
-    std::snprintf(buf, sizeof buf, "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", ",
-                  r.name.c_str(), r.value, r.unit.c_str());
-    f << buf;
-    if (r.baseline >= 0)
-      std::snprintf(buf, sizeof buf, "\"baseline\": %.6g, \"ratio\": %.4f}", r.baseline, r.ratio);
-    else
-      std::snprintf(buf, sizeof buf, "\"baseline\": null, \"ratio\": null}");
-    f << buf << (i + 1 < results.size() ? ",\n" : "\n");
-  }
-  f << "]\n";
-  return static_cast<bool>(f);
-}
 
 std::string size_name(std::size_t bytes) {
   return bytes >= (1u << 20) ? std::to_string(bytes >> 20) + "MiB"
@@ -97,28 +60,9 @@ int reps_for(std::size_t bytes, bool quick) {
 // pushes): launch latency is amortized the same way for the store, the kernel and the copy.
 int batch_for(std::size_t bytes) { return bytes <= (1u << 20) ? 20 : bytes <= (16u << 20) ? 8 : 4; }
 
-// The STREAM-style baseline of the OMP build: the same k-way sum, a plain OpenMP loop.
-void stream_sum(float* d, const std::vector<const float*>& s, std::size_t n) {
-  const int k = static_cast<int>(s.size());
-  const float* a = s[0];
-  const float* b = s[1];
-  if (k == 2) {
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) d[i] = a[i] + b[i];
-  } else if (k == 4) {
-    const float* c = s[2];
-    const float* e = s[3];
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i) d[i] = a[i] + b[i] + c[i] + e[i];
-  } else {
-    const float *c = s[2], *e = s[3], *f = s[4], *g = s[5], *h = s[6], *x = s[7];
-#pragma omp parallel for schedule(static)
-    for (std::size_t i = 0; i < n; ++i)
-      d[i] = a[i] + b[i] + c[i] + e[i] + f[i] + g[i] + h[i] + x[i];
-  }
-}
-
 bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) {
+  // The baseline's threads: as many as the OpenMP loops of the store's kernels use.
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   std::vector<std::size_t> sizes;
   for (std::size_t b = 4u << 10; b <= max_bytes; b *= 4) sizes.push_back(b);
   if (sizes.back() != max_bytes) sizes.push_back(max_bytes);
@@ -126,7 +70,7 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
   std::printf(
       "(a) k-way sum into the owner vs a device-to-device copy of the same bytes%s;\n"
       "    GB/s = bytes read + written per second (1e9); median of reps [min, max]\n",
-      rt::is_cuda ? "" : " and a STREAM-style OpenMP loop");
+      rt::is_cuda ? "" : " and local_bench's STREAM-style loop (bench_support.hpp)");
   for (int k : {2, 4, 8}) {
     for (std::size_t bytes : sizes) {
       const std::size_t n = bytes / sizeof(float);
@@ -160,7 +104,7 @@ bool bench_sum(bool quick, std::size_t max_bytes, const std::vector<int>& devs) 
         rt::stream_sync(cs);
         auto c = clk::now();
         if (!rt::is_cuda)
-          for (int i = 0; i < batch; ++i) stream_sum(copy_dst.data(), raw, n);
+          for (int i = 0; i < batch; ++i) bench::stream_sum(copy_dst.data(), raw, n, threads);
         auto d = clk::now();
         {  // the fused kernel alone, no store around it
           rt::device_guard g(owner);
@@ -413,7 +357,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "device_bench: %s\n", e.what());
     return 1;
   }
-  if (!json.empty() && !write_json(json)) {
+  if (!json.empty() && !bench::write_json(json)) {
     std::fprintf(stderr, "device_bench: cannot write %s\n", json.c_str());
     return 1;
   }

@@ -19,6 +19,8 @@
 // a usage error.
 #include <kvstore/local.hpp>
 
+#include "bench_support.hpp"
+
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -26,18 +28,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 namespace {
 
-using clk = std::chrono::steady_clock;
-
-double secs(clk::time_point a, clk::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+using bench::clk;
+using bench::results;
+using bench::secs;
+using bench::summarize;
 
 // CPU seconds (all threads) and context switches of this process so far.
 struct usage {
@@ -50,80 +50,10 @@ usage usage_now() {
   return {tv(ru.ru_utime) + tv(ru.ru_stime), double(ru.ru_nvcsw + ru.ru_nivcsw)};
 }
 
-struct stats {
-  double med = 0, min = 0, max = 0;
-};
-stats summarize(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  stats s;
-  s.min = v.front();
-  s.max = v.back();
-  const std::size_t n = v.size();
-  s.med = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-  return s;
-}
-
-struct result {
-  std::string name;
-  double value;
-  std::string unit;
-  double baseline;  // < 0: none
-  double ratio;     // < 0: none
-};
-std::vector<result> results;
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    o += c;
-  }
-  return o;
-}
-
-bool write_json(const std::string& path) {
-  std::ofstream f(path);
-  if (!f) return false;
-  f << "[\n";
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const auto& r = results[i];
-    char buf[512];
-    std::snprintf(buf, sizeof buf, "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", ",
-                  json_escape(r.name).c_str(), r.value, json_escape(r.unit).c_str());
-    f << buf;
-    if (r.baseline >= 0) {
-      std::snprintf(buf, sizeof buf, "\"baseline\": %.6g, \"ratio\": %.4f}", r.baseline, r.ratio);
-    } else {
-      std::snprintf(buf, sizeof buf, "\"baseline\": null, \"ratio\": null}");
-    }
-    f << buf << (i + 1 < results.size() ? ",\n" : "\n");
-  }
-  f << "]\n";
-  return static_cast<bool>(f);
-}
-
 // Keeps the optimizer from dropping a result.
 volatile float sink;
 
 // ---- (a) reduction -------------------------------------------------------------------------
-
-// The STREAM-style baseline: the same sum, a plain loop per thread over a contiguous part.
-void stream_sum4(float* d, const float* a, const float* b, const float* c, const float* e,
-                 std::size_t n, unsigned threads) {
-  auto part = [=](std::size_t lo, std::size_t hi) {
-    float* __restrict dd = d;
-    const float* __restrict aa = a;
-    const float* __restrict bb = b;
-    const float* __restrict cc = c;
-    const float* __restrict ee = e;
-    for (std::size_t i = lo; i < hi; ++i) dd[i] = aa[i] + bb[i] + cc[i] + ee[i];
-  };
-  std::vector<std::thread> ts;
-  for (unsigned t = 1; t < threads; ++t)
-    ts.emplace_back(part, n * t / threads, n * (t + 1) / threads);
-  part(0, n / threads);
-  for (auto& t : ts) t.join();
-}
 
 bool check_sum(const std::vector<float>& got, const std::vector<std::vector<float>>& in,
                const char* what) {
@@ -168,8 +98,8 @@ bool bench_reduce(bool quick, unsigned threads) {
     kvstore::reduce::sum_into<float>(eng, std::span<float>(out),
                                      std::span<const std::span<const float>>(srcs));
     auto c = clk::now();
-    stream_sum4(base_out.data(), in[0].data(), in[1].data(), in[2].data(), in[3].data(), n,
-                threads);
+    const float* srcs4[] = {in[0].data(), in[1].data(), in[2].data(), in[3].data()};
+    bench::stream_sum(base_out.data(), srcs4, n, threads);
     auto d = clk::now();
     if (r == 0) continue;
     t_store.push_back(moved / secs(a, b) / 1e9);
@@ -326,7 +256,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (quick) std::printf("(--quick: tiny sizes, figures not meaningful, targets not judged)\n");
-  if (!json.empty() && !write_json(json)) {
+  if (!json.empty() && !bench::write_json(json)) {
     std::fprintf(stderr, "local_bench: cannot write %s\n", json.c_str());
     return 1;
   }

@@ -13,6 +13,7 @@
 #include <kvstore/client/requests.hpp>
 #include <kvstore/detail/checks.hpp>
 #include <kvstore/detail/group.hpp>
+#include <kvstore/device/span.hpp>  // device_span and the bridge's declaration: no Thrust, no CUDA
 #include <kvstore/engine/engine.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/fwd.hpp>
@@ -25,10 +26,12 @@
 #include <filesystem>
 #include <initializer_list>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -238,6 +241,77 @@ class KVStore<dist, T> {
         if (e) return done(e);
         impl_->reqs.pull(*m, {out}, priority, done);
       });
+    });
+  }
+
+  // ---- values on devices (MXNet's dist_device_sync; needs #include <kvstore/device.hpp>) -----
+  // Several devices' values are summed on the first one's device, staged through the key's
+  // pinned host buffer and pushed once; a pull lands in that buffer and is copied to each
+  // device (device/dist_bridge.hpp does the device work). Same checks and results as the host
+  // calls; besides, each device_span is checked at the call: its device exists and holds its
+  // memory, its size is the key's (invalid_argument / size_mismatch naming the key and device).
+
+  /// Stores rank 0's value (copied from its device first).
+  void init(key k, device_span<const T> value) {
+    const auto host = device_to_host(k, value);
+    init_one(std::move(k), std::span<const T>(host), {});
+  }
+  void init(std::span<const key> ks, std::span<const device_span<const T>> values) {
+    detail::check_count("init", ks.size(), "with", values.size(), "values");
+    std::vector<std::vector<T>> host;
+    for (std::size_t i = 0; i < ks.size(); ++i) host.push_back(device_to_host(ks[i], values[i]));
+    const std::vector<std::span<const T>> spans(host.begin(), host.end());
+    init(ks, std::span<const std::span<const T>>(spans));
+  }
+  op push(key k, device_span<const T> value, int priority = 0) {
+    return push(std::move(k), std::span<const device_span<const T>>(&value, 1), priority);
+  }
+  /// Several devices' values of one key: summed on the first one's device, pushed once.
+  op push(key k, std::initializer_list<device_span<const T>> values, int priority = 0) {
+    return push(std::move(k), std::span<const device_span<const T>>(values.begin(), values.size()),
+                priority);
+  }
+  op push(key k, std::span<const device_span<const T>> values, int priority = 0) {
+    if (values.empty()) fail(errc::invalid_argument, call_kind::push, k, "no values");
+    record* m = find_on_devices(call_kind::push, k, values);
+    return submit_device(m, std::vector<device_span<const T>>(values.begin(), values.end()),
+                         priority);
+  }
+  op push(std::span<const key> ks, std::span<const device_span<const T>> values, int priority = 0) {
+    auto groups = device_groups(call_kind::push, "with", "values", ks, values);
+    auto st = new_state(groups.size());
+    for (auto& [m, srcs] : groups) submit_device(m, std::move(srcs), priority, st);
+    return op(st);
+  }
+  op pull(key k, device_span<T> out, int priority = 0) {
+    return pull(std::move(k), std::span<const device_span<T>>(&out, 1), priority);
+  }
+  /// Pulled once into pinned memory, then copied to each output's device.
+  op pull(key k, std::initializer_list<device_span<T>> outs, int priority = 0) {
+    return pull(std::move(k), std::span<const device_span<T>>(outs.begin(), outs.size()), priority);
+  }
+  op pull(key k, std::span<const device_span<T>> outs, int priority = 0) {
+    if (outs.empty()) fail(errc::invalid_argument, call_kind::pull, k, "no outputs");
+    record* m = find_on_devices(call_kind::pull, k, outs);
+    return submit_device(m, std::vector<device_span<T>>(outs.begin(), outs.end()), priority);
+  }
+  op pull(std::span<const key> ks, std::span<const device_span<T>> outs, int priority = 0) {
+    auto groups = device_groups(call_kind::pull, "into", "outputs", ks, outs);
+    auto st = new_state(groups.size());
+    for (auto& [m, o] : groups) submit_device(m, std::move(o), priority, st);
+    return op(st);
+  }
+  /// Push then pull of one key as one op: `out` gets the value after this push.
+  op pushpull(key k, device_span<const T> value, device_span<T> out, int priority = 0) {
+    record* m =
+        find_on_devices(call_kind::pushpull, k, std::span<const device_span<const T>>(&value, 1));
+    find_on_devices(call_kind::pushpull, k, std::span<const device_span<T>>(&out, 1));
+    return submit(m, priority, [this, m, value, out, priority](auto done) {
+      gather_and_push(m, std::span<const device_span<const T>>(&value, 1), priority,
+                      [this, m, out, priority, done](std::exception_ptr e) {
+                        if (e) return done(e);
+                        pull_and_scatter(m, {out}, priority, done);
+                      });
     });
   }
 
@@ -466,6 +540,10 @@ class KVStore<dist, T> {
     detail::engine eng;  // destroyed before the client: no op outlives the network
     detail::key_table keys;
     std::atomic<bool> left{false};
+    // The device work of device_span calls (device/dist_bridge.hpp), made on the first one.
+    // Last: destroyed first, its completions drained while the engine and client still exist.
+    std::once_flag device_once;
+    std::shared_ptr<void> device;
   };
 
   [[noreturn]] static void fail(errc c, call_kind call, const key& k, const std::string& problem) {
@@ -581,6 +659,91 @@ class KVStore<dist, T> {
           impl_->reqs.push(
               *m, std::span<const T>(*sum), priority,
               [sum, done](std::exception_ptr e) { done(e); }, sum);
+        },
+        st);
+  }
+
+  // ---- values on devices: the dist side (device/dist_bridge.hpp does the device work) -------
+  using bridge = detail::dist_device_bridge<T>;
+
+  // Every use of the bridge starts with this assert, so a program without device.hpp gets its
+  // message before any other.
+  static constexpr bool device_hpp_included = requires { sizeof(bridge); };
+
+  // The store's bridge, made on the first device call.
+  bridge& device_bridge() {
+    static_assert(device_hpp_included, "device_span values need #include <kvstore/device.hpp>");
+    std::call_once(impl_->device_once, [&] { impl_->device = std::make_shared<bridge>(); });
+    return *static_cast<bridge*>(impl_->device.get());
+  }
+  // One device_span of key k (`total` elements), checked at the call.
+  template <class P>
+  static void check_device(call_kind call, const key& k, std::uint64_t total,
+                           const device_span<P>& s) {
+    static_assert(device_hpp_included, "device_span values need #include <kvstore/device.hpp>");
+    bridge::check(detail::call_name(call), k, total, s);
+  }
+  std::vector<T> device_to_host(const key& k, const device_span<const T>& v) {
+    check_device(call_kind::init, k, v.size, v);
+    return device_bridge().to_host("init", k, v);
+  }
+  // The key's record, every buffer checked against it and its device.
+  template <class P>
+  record* find_on_devices(call_kind call, const key& k, std::span<const device_span<P>> bufs) {
+    record* m = find(call, k, std::nullopt);
+    for (auto& b : bufs) check_device(call, m->k, m->total, b);
+    return m;
+  }
+  template <class P>
+  std::vector<detail::key_group<record*, device_span<P>>> device_groups(
+      call_kind call, std::string_view relation, std::string_view bufs_are, std::span<const key> ks,
+      std::span<const device_span<P>> bufs) {
+    detail::check_count(detail::call_name(call), ks.size(), relation, bufs.size(), bufs_are);
+    return detail::group_by_key<record*>(
+        bufs, [&](std::size_t i) { return find_on_devices(call, ks[i], bufs.subspan(i, 1)); },
+        [](const record* a, const record* b) { return a == b; });
+  }
+
+  // Sums srcs into the key's pinned buffer (issued now; srcs are not read after the call), then
+  // pushes it; then(e) once the servers have it.
+  void gather_and_push(record* m, std::span<const device_span<const T>> srcs, int priority,
+                       detail::engine::done_fn then) {
+    auto& b = device_bridge();
+    const auto host = b.pinned(m->k.id(), m->total);
+    b.gather(detail::call_name(call_kind::push), m->k, srcs, host, priority,
+             [this, m, host, priority, then](std::exception_ptr e) {
+               if (e) return then(e);
+               try {
+                 impl_->reqs.push(*m, std::span<const T>(host), priority, then);
+               } catch (...) {
+                 then(std::current_exception());
+               }
+             });
+  }
+  // Pulls the key into its pinned buffer, then copies it to every output; then(e) once they
+  // all hold it.
+  void pull_and_scatter(record* m, std::vector<device_span<T>> outs, int priority,
+                        detail::engine::done_fn then) {
+    auto& b = device_bridge();
+    const auto host = b.pinned(m->k.id(), m->total);
+    impl_->reqs.pull(*m, {host}, priority,
+                     [&b, m, host, outs = std::move(outs), priority, then](std::exception_ptr e) {
+                       if (e) return then(e);
+                       b.scatter(detail::call_name(call_kind::pull), m->k, host,
+                                 std::span<const device_span<T>>(outs), priority, then);
+                     });
+  }
+  // One op part per key: a push (P const: gather_and_push) or a pull (pull_and_scatter).
+  template <class P>
+  op submit_device(record* m, std::vector<device_span<P>> bufs, int priority,
+                   std::shared_ptr<detail::op_state> st = nullptr) {
+    return submit(
+        m, priority,
+        [this, m, bufs = std::move(bufs), priority](auto done) {
+          if constexpr (std::is_const_v<P>)
+            gather_and_push(m, bufs, priority, std::move(done));
+          else
+            pull_and_scatter(m, bufs, priority, std::move(done));
         },
         st);
   }

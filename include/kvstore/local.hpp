@@ -9,6 +9,7 @@
 #include <kvstore/error.hpp>
 #include <kvstore/fwd.hpp>
 #include <kvstore/optim/all.hpp>
+#include <kvstore/optim/state_match.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/reduce/cpu.hpp>
 
@@ -430,22 +431,7 @@ class KVStore<local, T> {
     auto loaded = optim::load_states<T>(path, opt ? std::string_view(opt->u.name) : "");
     std::shared_lock lk(impl_->m);
     const std::size_t slots = opt ? static_cast<std::size_t>(opt->u.num_slots) : 0;
-    std::vector<std::pair<detail::local_entry<T>*, optim::key_state<T>*>> found;
-    for (auto& [id, ks] : loaded) {
-      auto it = impl_->keys.find(id);
-      const key shown = ks.name.empty() ? key(static_cast<std::int64_t>(id)) : key(ks.name);
-      if (it == impl_->keys.end() || it->second->k.name() != ks.name)
-        detail::fail(errc::unknown_key, "load_optimizer_states", shown,
-                     "the file has a state for it, the store has no such key");
-      auto& e = *it->second;
-      if (!ks.st.slots.empty() &&
-          (ks.st.slots.size() != slots || ks.st.slots.front().size() != e.size))
-        detail::fail(errc::size_mismatch, "load_optimizer_states", e.k,
-                     "saved state has " + std::to_string(ks.st.slots.size()) + " slots of " +
-                         detail::elems(ks.st.slots.front().size()) + ", expected " +
-                         std::to_string(slots) + " of " + detail::elems(e.size));
-      found.emplace_back(&e, &ks);
-    }
+    const auto found = optim::match_states<T>(loaded, impl_->keys, slots);
     const std::uint64_t gen = opt ? opt->gen : 0;
     for (auto& [id, e] : impl_->keys) {
       std::lock_guard elk(e->m);

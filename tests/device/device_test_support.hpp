@@ -8,6 +8,8 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
+#include "../support/helpers.hpp"  // expect_error, vectors printed in failed checks
+
 #include <cstdio>
 #include <initializer_list>
 #include <span>
@@ -55,17 +57,7 @@ void same(const std::vector<T>& got, const std::vector<T>& want) {
 }
 
 /// f must throw kvstore::error with `code` and a message containing every part.
-template <class F>
-void expect_error(F&& f, kvstore::errc code, std::initializer_list<std::string> parts) {
-  try {
-    f();
-    FAIL_CHECK("no exception; expected one containing " << *parts.begin());
-  } catch (const kvstore::error& e) {
-    CHECK_MESSAGE(e.code() == make_error_code(code), e.what());
-    for (auto& p : parts)
-      CHECK_MESSAGE(std::string(e.what()).find(p) != std::string::npos, e.what() << " lacks " << p);
-  }
-}
+using kvtest::expect_error;
 
 }  // namespace dtest
 

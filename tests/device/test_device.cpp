@@ -268,6 +268,46 @@ TEST_CASE("pushpull" * doctest::timeout(60)) {
   CHECK(h == std::vector<float>{0, 0, 0});
 }
 
+TEST_CASE(
+    "init with init_options as local: row_length makes a matrix, placement and compression "
+    "are ignored; set_gradient_compression validates and changes nothing" *
+    doctest::timeout(60)) {
+  dstore kv(opts());
+  const std::vector<float> v{1, 2, 3, 4, 5, 6};
+  auto dv = on(dev(1), v);
+  kv.init("m", dv.cspan(), kvstore::init_options{.row_length = 3});
+  kv.init("v", std::span<const float>(v),
+          kvstore::init_options{.partition = kvstore::partition::even,
+                                .compression = {.type = kvstore::compression::bf16}});
+  const std::vector<std::int64_t> row1{1};
+  std::vector<float> got(3);
+  kv.pull_rows("m", row1, std::span<float>(got)).wait();
+  CHECK(got == std::vector<float>{4, 5, 6});
+  dtest::expect_error([&] { kv.pull_rows("v", row1, std::span<float>(got)); }, errc::not_a_matrix,
+                      {"\"v\""});
+  dtest::expect_error(
+      [&] { kv.init("bad", std::span<const float>(v), kvstore::init_options{.row_length = 4}); },
+      errc::size_mismatch, {"\"bad\"", "multiple"});
+
+  kv.set_gradient_compression({.type = kvstore::compression::two_bit, .threshold = 0.5f});
+  kv.set_gradient_compression({.type = kvstore::compression::fp16});
+  // Not stored in a compressed form: values come back bit for bit.
+  const std::vector<float> fine{1.0f + 1e-7f, 3.14159265f, -2.7182818f, 1e-30f, 5, 6};
+  kv.push("v", std::span<const float>(fine)).wait();
+  CHECK(host_pull(kv, "v", 6) == fine);
+  dtest::expect_error(
+      [&] {
+        kv.set_gradient_compression({.type = kvstore::compression::two_bit, .threshold = 0.f});
+      },
+      errc::invalid_argument, {"threshold"});
+  dtest::expect_error(
+      [&] {
+        kv.set_gradient_compression(
+            {.type = static_cast<kvstore::compression::kind>(9), .threshold = 0.5f});
+      },
+      errc::invalid_argument, {"unknown type 9"});
+}
+
 TEST_CASE("rows: push_rows stores rows, duplicates summed; pull_rows in the order named" *
           doctest::timeout(60)) {
   dstore kv(opts());

@@ -339,6 +339,7 @@ class worker_client final : public transport::frame_handler {
 
   void on_frame(transport::connection& c, const wire::header& h, std::string meta,
                 std::span<const std::byte> payload) override {
+    c.sync_with_direct_writes();  // an answer completes a request whose frames a caller wrote
     switch (h.command) {
       case wire::cmd::address_book:
         return on_address_book(h, meta);

@@ -41,11 +41,14 @@ inline void check_same_name(std::string_view call, const key& have, const key& k
          "its id " + std::to_string(k.id()) + " is already taken by key " + have.str());
 }
 
-/// A value or output of `n` elements for a key of `total`.
-inline void check_size(std::string_view call, const key& k, std::uint64_t total, std::size_t n) {
+/// A value or output of `n` elements for a key of `total`. `where` (e.g. "on device 1, ")
+/// says which buffer, when it helps.
+inline void check_size(std::string_view call, const key& k, std::uint64_t total, std::size_t n,
+                       std::string_view where = {}) {
   if (n != total)
     fail(errc::size_mismatch, call, k,
-         "size " + std::to_string(n) + " does not match the key's size " + std::to_string(total));
+         std::string(where) + "size " + std::to_string(n) + " does not match the key's size " +
+             std::to_string(total));
 }
 
 /// A key's multipliers of the learning rate and weight decay (set_key_options): finite numbers.

@@ -1,6 +1,6 @@
 // The vocabulary of device stores: the mode tag, device_span (memory on one device), the
 // placement of keys on devices, the store's options. Free of CUDA and Thrust, so code that only
-// names these (compat/data_parallel.hpp, a dist hook) compiles without them.
+// names these (compat/data_parallel.hpp, dist.hpp's device_span calls) compiles without them.
 #pragma once
 
 #include <kvstore/fwd.hpp>
@@ -65,6 +65,14 @@ struct device_options {
   /// or a GPU without peer access): bounded staging memory per device.
   std::size_t staging_elems = std::size_t{1} << 20;
 };
+
+namespace detail {
+/// KVStore<dist>'s calls with device_span values (MXNet's dist_device_sync) hand their device
+/// work to dist_device_bridge<T>, which <kvstore/device.hpp> defines (device/dist_bridge.hpp):
+/// dist.hpp names it only here, so it needs no Thrust or CUDA.
+template <class T>
+class dist_device_bridge;
+}  // namespace detail
 
 /// True for device_span<T> of any T.
 template <class S>

@@ -149,6 +149,14 @@ class connection : public std::enable_shared_from_this<connection> {
       asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
   }
 
+  /// Orders what follows after every frame a caller's thread wrote directly (send with
+  /// may_write_now) and the bytes it read: the socket orders them for the peer, but not for the
+  /// memory model. A worker calls it before completing a request on its answer, so a caller that
+  /// reuses or frees a pushed buffer once the op is done never races the sendmsg that read it.
+  void sync_with_direct_writes() const noexcept {
+    (void)direct_writes_.load(std::memory_order_acquire);
+  }
+
   /// Closes the connection (from any thread); the handler's on_close runs once with `reason`.
   void close(std::string reason) {
     asio::post(sock_.get_executor(),
@@ -569,7 +577,10 @@ class connection : public std::enable_shared_from_this<connection> {
     msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(n);
     for (;;) {
       const ssize_t r = ::sendmsg(sock_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (r >= 0) return static_cast<std::size_t>(r);
+      if (r >= 0) {
+        direct_writes_.fetch_add(1, std::memory_order_release);  // see sync_with_direct_writes
+        return static_cast<std::size_t>(r);
+      }
       if (errno != EINTR) return 0;
     }
   }
@@ -688,6 +699,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::atomic<bool> closed_flag_{false};
   std::vector<out_frame> inflight_;
   std::vector<out_frame> partial_;  // a frame the caller's thread sent in part (write_now)
+  std::atomic<std::uint64_t> direct_writes_{0};  // write_now calls that wrote: a release point
   std::size_t partial_skip_ = 0;    // how much of it went
   std::vector<wire::header_bytes> hdrs_;
 };
