@@ -21,6 +21,12 @@
 //              64-byte ping-pong for reference (the "raw ping-pong rate").
 //   many keys  1,000 keys of 4 KiB: push all, then wait_all, repeated. Baseline: 1,000 framed
 //              4 KiB messages written back to back (to each key's server), 1,000 acks read.
+//   compressed push and pull of 4 MiB and 64 MiB keys in fp16 and bf16, and push in 2 bits
+//              (init_options::compression; 2-bit pulls travel plain), next to the raw baseline's
+//              plain push and pull of the same values: GB/s counts the float payload, "B/op" the
+//              bytes the kernel saw the worker (client) send and receive per op (TCP_INFO).
+//   conversion one thread, no network: each encode and decode loop of wire/encoding.hpp over
+//              16 MiB of float, next to memcpy of the same 16 MiB (the cost per byte sent).
 // GB/s counts payload bytes only, 1e9 B/s. Both clusters run at once but take turns, phase by
 // phase (kvstore, then the baseline, then the next phase), so load from other processes hits both
 // alike; each figure is the median of several repetitions.
@@ -32,6 +38,9 @@
 #include <kvstore/dist.hpp>
 #include <kvstore/rendezvous/scheduler.hpp>
 #include <kvstore/server/server.hpp>
+#include <kvstore/wire/encoding.hpp>
+
+#include "../tests/support/tcp_bytes.hpp"
 
 #include <boost/asio.hpp>
 
@@ -49,7 +58,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -71,12 +82,26 @@ struct size_case {
   int push_n, pull_n;  // ops per repetition
 };
 
+// A compressed case: its name in measurements and the keys' compression.
+struct encoding_case {
+  std::string name;
+  kvstore::compression c;
+  bool pull;  // 2-bit compresses pushes only
+};
+const std::vector<encoding_case> encoding_cases = {
+    {"fp16", {kvstore::compression::fp16}, true},
+    {"bf16", {kvstore::compression::bf16}, true},
+    {"2bit", {kvstore::compression::two_bit, 1.0f}, false},
+};
+
 struct config {
   bool quick = false;
   int reps = 5;
   std::vector<size_case> sizes;
-  int latency_n = 3000;     // push+wait 4 KiB per repetition
-  int pingpong64_n = 5000;  // 64-byte ping-pongs per repetition
+  std::vector<size_case> compressed_sizes;            // pushed and pulled in each encoding_case
+  std::size_t convert_floats = std::size_t{4} << 20;  // the conversion loops' array (16 MiB)
+  int latency_n = 3000;                               // push+wait 4 KiB per repetition
+  int pingpong64_n = 5000;                            // 64-byte ping-pongs per repetition
   std::size_t many_keys = 1000;
   int many_rounds = 10;  // push-all-then-wait_all rounds per repetition
   std::string only;      // --only: run only measurements whose name contains this
@@ -101,6 +126,8 @@ config make_config(bool quick) {
   if (quick) {
     c.reps = 1;
     c.sizes = {{4 << 10, 50, 50}, {64 << 10, 20, 20}, {4 << 20, 2, 2}};
+    c.compressed_sizes = {{4 << 20, 2, 2}};
+    c.convert_floats = std::size_t{1} << 20;
     c.latency_n = 100;
     c.pingpong64_n = 100;
     c.many_keys = 100;
@@ -108,6 +135,7 @@ config make_config(bool quick) {
   } else {
     c.reps = 5;
     c.sizes = {{4 << 10, 2000, 2000}, {64 << 10, 600, 600}, {4 << 20, 40, 40}, {64 << 20, 4, 4}};
+    c.compressed_sizes = {{4 << 20, 40, 40}, {64 << 20, 4, 4}};
   }
   return c;
 }
@@ -118,18 +146,22 @@ struct sample {
   int rep;
   double ops, bytes, secs;
   double cpu = 0,
-         csw = 0;  // the reporting process's CPU seconds (all threads) and context switches
+         csw = 0;   // the reporting process's CPU seconds (all threads) and context switches
+  double wire = 0;  // bytes its TCP sockets sent and received (TCP_INFO)
 };
 
-// CPU time and context switches of this process (all its threads) since the last mark().
+// CPU time, context switches and TCP bytes of this process (all its threads) since the last
+// mark().
 struct rusage_mark {
-  double cpu = 0, csw = 0;
+  double cpu = 0, csw = 0, wire = 0;
 };
 rusage_mark usage_now() {
   rusage ru{};
   ::getrusage(RUSAGE_SELF, &ru);
   auto tv = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
-  return {tv(ru.ru_utime) + tv(ru.ru_stime), double(ru.ru_nvcsw + ru.ru_nivcsw)};
+  const auto t = kvtest::tcp_bytes();
+  return {tv(ru.ru_utime) + tv(ru.ru_stime), double(ru.ru_nvcsw + ru.ru_nivcsw),
+          double(t.sent + t.received)};
 }
 rusage_mark last_mark;
 clk::time_point mark() {
@@ -140,13 +172,14 @@ sample with_usage(sample s) {
   auto u = usage_now();
   s.cpu = u.cpu - last_mark.cpu;
   s.csw = u.csw - last_mark.csw;
+  s.wire = u.wire - last_mark.wire;
   return s;
 }
 
 std::string fmt_sample(const sample& s) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f %.6f %.0f\n", s.name.c_str(), s.rep, s.ops,
-                s.bytes, s.secs, s.cpu, s.csw);
+  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f %.6f %.0f %.0f\n", s.name.c_str(), s.rep,
+                s.ops, s.bytes, s.secs, s.cpu, s.csw, s.wire);
   return buf;
 }
 
@@ -329,6 +362,19 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
     for (std::size_t i = 0; i < small; ++i) mvals[k][i] = value_of(me, 100 + k, i);
     kv.init(static_cast<int>(100 + k), std::span<const float>(mvals[k]));
   }
+  // The compressed keys: one per size and encoding case (ids 50000 + 10 z + e, after the many
+  // keys), the values of a size shared by its cases (key 50000 + z for value_of).
+  std::vector<std::vector<float>> zvals, zouts;
+  auto zkey = [](std::size_t z, std::size_t e) { return static_cast<int>(50000 + 10 * z + e); };
+  for (std::size_t z = 0; z < cfg.compressed_sizes.size(); ++z) {
+    const std::size_t n = cfg.compressed_sizes[z].bytes / sizeof(float);
+    zvals.emplace_back(n);
+    for (std::size_t i = 0; i < n; ++i) zvals.back()[i] = value_of(me, 50000 + z, i);
+    zouts.emplace_back(n, 0.f);
+    for (std::size_t e = 0; e < encoding_cases.size(); ++e)
+      kv.init(zkey(z, e), std::span<const float>(zvals.back()),
+              kvstore::init_options{.compression = encoding_cases[e].c});
+  }
 
   for (int rep = 0; rep < cfg.reps; ++rep) {
     for (std::size_t s = 0; s < cfg.sizes.size(); ++s) {
@@ -354,6 +400,46 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
               double(sc.pull_n) * double(sc.bytes), secs(a, b)});
       if (cfg.want("push_" + tag) && cfg.want("pull_" + tag)) check(outs[s], s, "pull");
     }
+    // Compressed: the values are small integers, exact in 16 bits; 2 bits (threshold 1) send
+    // +1 per element and push, so a round stores W.
+    for (std::size_t z = 0; z < cfg.compressed_sizes.size(); ++z)
+      for (std::size_t e = 0; e < encoding_cases.size(); ++e) {
+        const auto& sc = cfg.compressed_sizes[z];
+        const auto& ec = encoding_cases[e];
+        const std::string tag = ec.name + "_" + std::to_string(sc.bytes);
+        const int key = zkey(z, e);
+        bar.wait();
+        auto a = mark();
+        for (int i = 0, n = cfg.n("push_" + tag, sc.push_n); i < n; ++i)
+          kv.push(key, std::span<const float>(zvals[z]));
+        kv.wait_all();
+        auto b = clk::now();
+        report({"push_" + tag, rep, double(cfg.n("push_" + tag, sc.push_n)),
+                double(sc.push_n) * double(sc.bytes), secs(a, b)});
+        if (!ec.pull) {
+          if (!cfg.want("push_" + tag)) continue;
+          kv.pull(key, std::span<float>(zouts[z])).wait();
+          for (std::size_t i = 0; i < zouts[z].size(); ++i)
+            if (zouts[z][i] != static_cast<float>(W) * ec.c.threshold) {
+              std::fprintf(stderr, "kv_bench worker %d: %s: element %zu is %g, expected %g\n", me,
+                           tag.c_str(), i, zouts[z][i], double(W) * ec.c.threshold);
+              ++errors;
+              break;
+            }
+          continue;
+        }
+        bar.wait();
+        std::fill(zouts[z].begin(), zouts[z].end(), -1.f);
+        a = mark();
+        for (int i = 0, n = cfg.n("pull_" + tag, sc.pull_n); i < n; ++i)
+          kv.pull(key, std::span<float>(zouts[z]));
+        kv.wait_all();
+        b = clk::now();
+        report({"pull_" + tag, rep, double(cfg.n("pull_" + tag, sc.pull_n)),
+                double(sc.pull_n) * double(sc.bytes), secs(a, b)});
+        if (cfg.want("push_" + tag) && cfg.want("pull_" + tag))
+          check(zouts[z], 50000 + z, ("pull " + tag).c_str());
+      }
     // 4 KiB push, waiting for each (sizes[0] is 4 KiB).
     {
       bar.wait();
@@ -798,7 +884,8 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
         } else if (l.rfind("S ", 0) == 0) {
           std::istringstream is(l.substr(2));
           sample smp;
-          is >> smp.name >> smp.rep >> smp.ops >> smp.bytes >> smp.secs >> smp.cpu >> smp.csw;
+          is >> smp.name >> smp.rep >> smp.ops >> smp.bytes >> smp.secs >> smp.cpu >> smp.csw >>
+              smp.wire;
           (m.group == 0 ? kv_out : base_out).push_back(smp);
         } else if (l.rfind("E ", 0) == 0) {
           std::fprintf(stderr, "kv_bench: %s %dx%d: %s\n", m.group == 0 ? "kvstore" : "baseline", W,
@@ -824,6 +911,7 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
 struct figure {
   double ops_s = 0, gb_s = 0, lo_ops = 0, hi_ops = 0;
   double cpu_us_op = 0, csw_op = 0;  // per op, summed over the worker (client) processes
+  double wire_op = 0;  // TCP bytes sent and received per op by the worker (client) processes
   bool present = false;
 };
 
@@ -833,20 +921,22 @@ figure aggregate(const std::vector<sample>& all, const std::string& name) {
   for (auto& s : all)
     if (s.name == name) by_rep[s.rep].push_back(&s);
   std::vector<std::pair<double, double>> v;  // ops/s, GB/s
-  std::vector<double> cpu, csw;
+  std::vector<double> cpu, csw, wire;
   for (auto& [rep, ss] : by_rep) {
-    double ops = 0, bytes = 0, t = 0, c = 0, w = 0;
+    double ops = 0, bytes = 0, t = 0, c = 0, w = 0, tcp = 0;
     for (auto* s : ss) {
       ops += s->ops;
       bytes += s->bytes;
       t = std::max(t, s->secs);
       c += s->cpu;
       w += s->csw;
+      tcp += s->wire;
     }
     if (t > 0) v.push_back({ops / t, bytes / t / 1e9});
     if (ops > 0) {
       cpu.push_back(c / ops * 1e6);
       csw.push_back(w / ops);
+      wire.push_back(tcp / ops);
     }
   }
   figure f;
@@ -861,6 +951,8 @@ figure aggregate(const std::vector<sample>& all, const std::string& name) {
   std::sort(csw.begin(), csw.end());
   f.cpu_us_op = cpu[cpu.size() / 2];
   f.csw_op = csw[csw.size() / 2];
+  std::sort(wire.begin(), wire.end());
+  f.wire_op = wire[wire.size() / 2];
   return f;
 }
 
@@ -876,6 +968,112 @@ std::string human(std::size_t b) {
   if (b >= (1u << 20)) return std::to_string(b >> 20) + " MiB";
   if (b >= (1u << 10)) return std::to_string(b >> 10) + " KiB";
   return std::to_string(b) + " B";
+}
+
+// Bytes with two decimals in the largest unit that keeps them >= 1: "2.00 MiB", "80 B".
+std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= double(1u << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1u << 20));
+  else if (b >= 1024)
+    std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+// ---- the conversion loops, no network ----------------------------------------------------
+
+// Median seconds of `reps` runs of f.
+template <class F>
+double median_secs(int reps, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto a = clk::now();
+    f();
+    t.push_back(secs(a, clk::now()));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Each encode and decode loop of wire/encoding.hpp over n floats next to memcpy of the same
+// n floats (one thread, arrays out of cache): GB/s of float payload, ns per element, and the
+// time relative to memcpy. Returns the JSON results.
+std::vector<result> conversion_bench(std::size_t n, int reps) {
+  namespace wire = kvstore::wire;
+  std::vector<float> src(n), dst(n), acc(n, 0.0f), residual(n, 0.0f);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (auto& x : src) x = d(rng);
+  std::vector<std::byte> half(2 * n), two(wire::two_bit_bytes(n));
+  wire::encode_16bit(wire::encoding::fp16, src.data(), n, half.data());
+  wire::encode_two_bit(src.data(), residual.data(), n, 0.5f, two.data());
+  const auto two_view =
+      wire::view_payload<float>(wire::encoding::two_bit, std::span<const std::byte>(two));
+  struct op {
+    const char* name;
+    const char* what;
+    std::function<void()> run;
+  };
+  const std::vector<op> ops = {
+      {"memcpy", "copy of the floats (the baseline)",
+       [&] { std::memcpy(dst.data(), src.data(), n * sizeof(float)); }},
+      {"plain_add", "server: sum of plain floats",
+       [&] { wire::convert_elements<true>(src.data(), n, acc.data(), [](float x) { return x; }); }},
+      {"fp16_encode", "worker push / server pull",
+       [&] { wire::encode_16bit(wire::encoding::fp16, src.data(), n, half.data()); }},
+      {"fp16_decode_add", "server: sum of a push",
+       [&] { wire::decode_16bit<true>(wire::encoding::fp16, half.data(), n, acc.data()); }},
+      {"fp16_decode", "worker: a pull's answer",
+       [&] { wire::decode_16bit<false>(wire::encoding::fp16, half.data(), n, dst.data()); }},
+      {"fp16_encode_port", "the same without F16C",
+       [&] {
+         wire::convert_elements(src.data(), n, reinterpret_cast<std::uint16_t*>(half.data()),
+                                [](float x) { return wire::to_fp16(x); });
+       }},
+      {"fp16_dec_add_port", "the same without F16C",
+       [&] {
+         wire::convert_elements<true>(reinterpret_cast<const std::uint16_t*>(half.data()), n,
+                                      acc.data(),
+                                      [](std::uint16_t h) { return wire::from_fp16(h); });
+       }},
+      {"bf16_encode", "worker push / server pull",
+       [&] { wire::encode_16bit(wire::encoding::bf16, src.data(), n, half.data()); }},
+      {"bf16_trunc_encode", "worker push / server pull",
+       [&] { wire::encode_16bit(wire::encoding::bf16_trunc, src.data(), n, half.data()); }},
+      {"bf16_decode_add", "server: sum of a push",
+       [&] { wire::decode_16bit<true>(wire::encoding::bf16, half.data(), n, acc.data()); }},
+      {"2bit_encode", "worker push, with the residual",
+       [&] { wire::encode_two_bit(src.data(), residual.data(), n, 0.5f, two.data()); }},
+      {"2bit_decode_add", "server: sum of a push", [&] { two_view.add_to(0, n, acc.data()); }},
+  };
+  std::printf(
+      "\nConversion loops (wire/encoding.hpp), one thread, %zu floats (%s), median of %d; F16C "
+      "%s:\n",
+      n, human(n * sizeof(float)).c_str(), reps,
+      wire::f16c::available() ? "used for fp16" : "not available");
+  std::printf("  %-18s %-32s %10s %10s %10s\n", "loop", "where it runs", "GB/s", "ns/float",
+              "x memcpy");
+  std::vector<result> out;
+  double base = 0;
+  for (const auto& o : ops) {
+    o.run();  // warm: pages touched
+    const double t = median_secs(reps, o.run);
+    if (base == 0) base = t;
+    const double gbps = double(n) * sizeof(float) / t / 1e9;
+    std::printf("  %-18s %-32s %10.2f %10.3f %10.2f\n", o.name, o.what, gbps, t / double(n) * 1e9,
+                t / base);
+    out.push_back({std::string("convert_") + o.name + "_GBps", gbps, "GB/s",
+                   double(n) * sizeof(float) / base / 1e9, base / t});
+  }
+  // Something of every output is read, so no loop is optimized away.
+  volatile float sink =
+      dst[n / 2] + acc[n / 3] + residual[n / 4] +
+      static_cast<float>(std::to_integer<int>(half[n]) + std::to_integer<int>(two[two.size() / 2]));
+  (void)sink;
+  std::fflush(stdout);
+  return out;
 }
 
 }  // namespace
@@ -917,7 +1115,9 @@ int main(int argc, char** argv) {
       "  baseline: server and client processes, same bytes to the same servers, same pattern.\n"
       "  median of %d repetitions; GB/s = payload bytes / time (1e9 B/s), summed over workers;\n"
       "  cpu = CPU us per op of the worker (client) processes, all threads; cs = their context\n"
-      "  switches per op (servers not included).\n",
+      "  switches per op (servers not included); B/op = bytes the kernel saw those processes'\n"
+      "  TCP sockets send and receive per op (TCP_INFO). Compressed rows: GB/s of float payload,\n"
+      "  compared with the raw baseline moving the same floats plain.\n",
       quick ? " --quick (tiny, targets not judged)" : "", cfg.reps);
   std::fflush(stdout);
 
@@ -948,26 +1148,33 @@ int main(int argc, char** argv) {
     if (st.colocated)
       std::printf(
           "\n%d workers x %d colocated servers (workers: %d processes, each serving one shard "
-          "on its own thread; kv cpu includes the servers)\n",
+          "on its own thread; kv cpu and kv B/op include the servers)\n",
           st.W, st.S, st.W);
     else
       std::printf("\n%d worker%s x %d server%s (workers: %d process%s)\n", st.W,
                   st.W > 1 ? "s" : "", st.S, st.S > 1 ? "s" : "", st.W, st.W > 1 ? "es" : "");
-    std::printf("  %-8s %-26s %12s %8s %12s %8s %6s | %8s %8s %6s %6s\n", "size", "pattern",
-                "kvstore op/s", "GB/s", "raw TCP op/s", "GB/s", "ratio", "kv cpu", "raw cpu",
-                "kv cs", "raw cs");
+    std::printf("  %-8s %-26s %12s %8s %12s %8s %6s | %8s %8s %6s %6s | %11s %11s\n", "size",
+                "pattern", "kvstore op/s", "GB/s", "raw TCP op/s", "GB/s", "ratio", "kv cpu",
+                "raw cpu", "kv cs", "raw cs", "kv B/op", "raw B/op");
     auto row = [&](const std::string& name, const std::string& size, const std::string& pattern,
                    const std::string& base_name) {
       figure k = aggregate(kvs, name), b = aggregate(base, base_name);
       if (!k.present && !b.present) return;
       const double ratio = b.present && b.ops_s > 0 ? k.ops_s / b.ops_s : -1;
-      std::printf("  %-8s %-26s %12.0f %8.3f %12.0f %8.3f %6.3f | %8.1f %8.1f %6.2f %6.2f\n",
-                  size.c_str(), pattern.c_str(), k.ops_s, k.gb_s, b.ops_s, b.gb_s, ratio,
-                  k.cpu_us_op, b.cpu_us_op, k.csw_op, b.csw_op);
+      std::printf(
+          "  %-8s %-26s %12.0f %8.3f %12.0f %8.3f %6.3f | %8.1f %8.1f %6.2f %6.2f | %11s %11s\n",
+          size.c_str(), pattern.c_str(), k.ops_s, k.gb_s, b.ops_s, b.gb_s, ratio, k.cpu_us_op,
+          b.cpu_us_op, k.csw_op, b.csw_op, human_bytes(k.wire_op).c_str(),
+          b.present ? human_bytes(b.wire_op).c_str() : "-");
       const bool big = name.rfind("push_", 0) == 0 || name.rfind("pull_", 0) == 0;
-      if (big)
+      if (big) {
         results.push_back(
             {"kv_" + cl + "_" + name + "_GBps", k.gb_s, "GB/s", b.present ? b.gb_s : -1, ratio});
+        // Bytes on the wire per op, next to the raw baseline's for the same (plain) payload.
+        results.push_back({"kv_" + cl + "_" + name + "_wire_bytes", k.wire_op, "B",
+                           b.present ? b.wire_op : -1,
+                           b.present && b.wire_op > 0 ? k.wire_op / b.wire_op : -1});
+      }
       results.push_back(
           {"kv_" + cl + "_" + name + "_ops", k.ops_s, "ops/s", b.present ? b.ops_s : -1, ratio});
       target_figs[cl + name] = k;
@@ -978,6 +1185,15 @@ int main(int argc, char** argv) {
       row("push_" + tag, human(sc.bytes), "push (1 key, back to back)", "push_" + tag);
       row("pull_" + tag, human(sc.bytes), "pull (1 key, back to back)", "pull_" + tag);
     }
+    // Compressed, next to the raw baseline's plain push and pull of the same floats.
+    for (auto& sc : cfg.compressed_sizes)
+      for (auto& ec : encoding_cases) {
+        const std::string tag = std::to_string(sc.bytes), ztag = ec.name + "_" + tag;
+        row("push_" + ztag, human(sc.bytes), "push " + ec.name + " (vs plain raw)", "push_" + tag);
+        if (ec.pull)
+          row("pull_" + ztag, human(sc.bytes), "pull " + ec.name + " (vs plain raw)",
+              "pull_" + tag);
+      }
     row("pushwait_4096", "4 KiB", "push+wait", "pushwait_4096");
     row("many_4096", "4 KiB", "push " + std::to_string(cfg.many_keys) + " keys, wait_all",
         "many_4096");
@@ -991,6 +1207,11 @@ int main(int argc, char** argv) {
       target_figs[cl + "pingpong"] = pp;
     }
     std::fflush(stdout);
+  }
+
+  if (cfg.want("convert")) {
+    auto conv = conversion_bench(cfg.convert_floats, quick ? 3 : 9);
+    results.insert(results.end(), conv.begin(), conv.end());
   }
 
   // Targets of the small-op and bulk paths, judged on the 1x1 figures.

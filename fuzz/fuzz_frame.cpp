@@ -30,7 +30,8 @@ void check(const std::byte* p, const wire::limits& lim) {
   }
   if (!why.empty()) std::abort();
   if (h.meta_len > lim.max_meta || h.payload_len > lim.max_payload) std::abort();
-  if (h.type != wire::dtype::none && h.payload_len % wire::dtype_size(h.type) != 0) std::abort();
+  // Whole elements of the type, or of the encoding a push, pull or data frame names.
+  if (h.type != wire::dtype::none && h.payload_len % wire::payload_unit(h) != 0) std::abort();
   auto again = wire::encode(h);
   if (std::memcmp(again.data(), p, wire::header_size) != 0) std::abort();
 }

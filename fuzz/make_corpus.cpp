@@ -7,6 +7,7 @@
 #include <kvstore/optim/state_file.hpp>
 #include <kvstore/transport/auth.hpp>
 #include <kvstore/wire/commands.hpp>
+#include <kvstore/wire/encoding.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/snapshot.hpp>
@@ -88,6 +89,64 @@ void frames() {
   v.type = wire::dtype::f32;
   v.total = 4;
   put("frame", "version-command", frame(v));
+  // Compressed payloads: 3 halves of a float key (not whole floats), 2-bit codes of any size,
+  // an encoding nobody knows (sized by the server), and an odd byte count in halves.
+  h.flags = wire::flag_last | wire::encoding_flags(wire::encoding::fp16);
+  h.payload_len = 6;
+  put("frame", "push-fp16", frame(h).substr(0, 80));
+  h.flags = wire::flag_last | wire::encoding_flags(wire::encoding::two_bit);
+  h.payload_len = 7;
+  put("frame", "push-two-bit", frame(h).substr(0, 80));
+  h.flags = 11u << wire::encoding_shift;
+  put("frame", "push-unknown-encoding", frame(h).substr(0, 80));
+  h.command = wire::cmd::data;
+  h.flags = wire::flag_last | wire::encoding_flags(wire::encoding::bf16);
+  h.payload_len = 5;
+  put("frame", "data-bf16-odd", frame(h).substr(0, 80));
+}
+
+// Payloads of fuzz_encoding: the first byte is the encoding (bits 0-3), double (bit 4) and where
+// reads split (bits 5-7).
+std::string halves(wire::encoding e, const std::vector<float>& v) {
+  std::string out(2 * v.size(), '\0');
+  wire::encode_16bit(e, v.data(), v.size(), reinterpret_cast<std::byte*>(out.data()));
+  return out;
+}
+std::string two_bits(const std::vector<float>& g, float t) {
+  std::vector<float> residual(g.size(), 0.0f);
+  std::string out(wire::two_bit_bytes(g.size()), '\0');
+  wire::encode_two_bit(g.data(), residual.data(), g.size(), t,
+                       reinterpret_cast<std::byte*>(out.data()));
+  return out;
+}
+void encodings() {
+  auto mode = [](wire::encoding e, bool dbl, unsigned split) {
+    return std::string(1, char(static_cast<unsigned>(e) | (dbl ? 16u : 0u) | split << 5));
+  };
+  const std::vector<float> v{0.1f, -2.5f, 70000.0f, 1e-7f, 0.0f, -0.0f, 65504.0f};
+  put("encoding", "fp16", mode(wire::encoding::fp16, false, 3) + halves(wire::encoding::fp16, v));
+  put("encoding", "bf16-double",
+      mode(wire::encoding::bf16, true, 5) + halves(wire::encoding::bf16, v));
+  put("encoding", "bf16-trunc",
+      mode(wire::encoding::bf16_trunc, false, 1) + halves(wire::encoding::bf16_trunc, v));
+  put("encoding", "fp16-nan-inf",
+      mode(wire::encoding::fp16, false, 2) + std::string("\x01\x7c\x00\x7c\x00\xfc", 6));
+  put("encoding", "fp16-odd", mode(wire::encoding::fp16, false, 0) + "\x01\x02\x03");
+  const std::vector<float> g{0.5f, -0.5f, 0.0f, 0.5f, 0.5f, -0.5f, 0.0f, 0.0f, -0.5f};
+  const std::string q = two_bits(g, 0.5f);
+  put("encoding", "two-bit", mode(wire::encoding::two_bit, false, 4) + q);
+  put("encoding", "two-bit-double", mode(wire::encoding::two_bit, true, 6) + q);
+  std::string bad = q;
+  bad[4] = char(0xFF);  // padding in the first byte
+  put("encoding", "two-bit-padding-first", mode(wire::encoding::two_bit, false, 0) + bad);
+  bad = q + char(0xFF);  // a last byte of padding only
+  put("encoding", "two-bit-padding-only", mode(wire::encoding::two_bit, false, 0) + bad);
+  put("encoding", "two-bit-no-codes", mode(wire::encoding::two_bit, false, 0) + q.substr(0, 4));
+  bad = q;
+  bad[3] = char(0xFF);  // threshold NaN
+  put("encoding", "two-bit-nan-threshold", mode(wire::encoding::two_bit, false, 0) + bad);
+  put("encoding", "plain", mode(wire::encoding::plain, false, 7) + floats({1, 2, 3}));
+  put("encoding", "unknown", std::string(1, char(9)) + "abcd");
 }
 
 void handshake() {
@@ -268,6 +327,61 @@ void server_frames() {
       std::string(1, '\6') + base + frame(hdr(wire::cmd::leave, 0, 10)) +
           frame(hdr(wire::cmd::bye, 0, 11)));
   put("server", "no-hello", std::string(1, '\0') + base);
+
+  // Compressed pushes and pulls (the encoding bits of their flags), sync and async.
+  auto with = [](wire::header h, wire::encoding e, std::uint64_t req) {
+    h.flags |= wire::encoding_flags(e);
+    h.req_id = req;
+    return h;
+  };
+  const std::vector<float> g{0.1f, -2.5f, 70000.0f, 0.3f};
+  const std::string compressed =
+      frame(with(push, wire::encoding::fp16, 20), "", halves(wire::encoding::fp16, g)) +
+      frame(with(pull, wire::encoding::bf16_trunc, 21)) +
+      frame(with(push, wire::encoding::two_bit, 22), "", two_bits({0.5f, -0.5f, 0, 0.5f}, 0.5f)) +
+      frame(with(pull, wire::encoding::fp16, 23)) + frame(with(pull, wire::encoding::plain, 24));
+  put("server", "compressed",
+      std::string(1, '\4') + frame(init, meta, floats({1, 2, 3, 4})) + compressed);
+  const std::string opt2 =
+      wire::encode_optimizer({"sgd", optim::make_updater<float>(optim::sgd{}).params});
+  put("server", "compressed-async",
+      std::string(1, '\5') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(hdr(wire::cmd::set_optimizer, 0, 25), opt2) + compressed);
+  // In several frames: elements [0, 3) in 2 bits, then [3, 4) in bf16.
+  wire::header part = with(push, wire::encoding::two_bit, 26);
+  part.flags &= ~wire::flag_last;
+  wire::header rest = with(push, wire::encoding::bf16, 26);
+  rest.offset = 3;
+  put("server", "compressed-frames",
+      std::string(1, '\4') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(part, "", two_bits({0.5f, 0, -0.5f}, 0.5f)) +
+          frame(rest, "", halves(wire::encoding::bf16, {1.5f})) + frame(pull));
+  // Refused, one seed each: an unknown encoding or 2 bits asked of a pull (answered with an
+  // error, the connection kept: the plain pull after them is served), malformed 2-bit codes, an
+  // odd byte count in halves, a push in an unknown encoding with a payload (each closes the
+  // connection).
+  const std::string inited = std::string(1, '\4') + frame(init, meta, floats({1, 2, 3, 4}));
+  put("server", "compressed-pull-refused",
+      inited + frame(with(pull, static_cast<wire::encoding>(9), 30)) +
+          frame(with(pull, wire::encoding::two_bit, 31)) + frame(pull));
+  put("server", "compressed-bad-codes",
+      inited +
+          frame(with(push, wire::encoding::two_bit, 32), "", std::string("\0\0\0\x3f\xf7", 5)) +
+          frame(pull));
+  put("server", "compressed-odd-halves",
+      inited + frame(with(push, wire::encoding::fp16, 33), "", std::string(3, '\1')) + frame(pull));
+  put("server", "compressed-unknown-push",
+      inited + frame(with(push, static_cast<wire::encoding>(9), 34), "", "abcd") + frame(pull));
+  put("server", "compressed-too-big",
+      std::string(1, '\4') + frame(init, meta, floats({1, 2, 3, 4})) +
+          frame(with(push, wire::encoding::fp16, 35), "", floats({1, 1, 1, 1})));
+  // A range push in 16 bits: ranges travel plain, so it is refused (unsupported).
+  wire::header crange = with(push, wire::encoding::fp16, 36);
+  crange.flags |= wire::flag_range;
+  crange.offset = 1;
+  put("server", "compressed-range-refused",
+      inited + frame(crange, wire::encode_range({1, 2}), halves(wire::encoding::fp16, {1, 2})) +
+          frame(pull));
   // Range frames (push_range / pull_range): a push of [1, 3) in two frames, a pull of [1, 4), and
   // ones that leave the slice or their range.
   wire::header rpush = push;
@@ -384,6 +498,7 @@ int main(int argc, char** argv) {
   state_files();
   server_frames();
   snapshots();
+  encodings();
   std::printf("corpus written under %s\n", root.c_str());
   return 0;
 }

@@ -123,6 +123,7 @@ class KVStore<dist, T> {
   /// BigDL's rule on server i, whatever the size) and its own wire compression.
   void init(key k, std::span<const T> value, const init_options& o) {
     if (o.row_length) detail::check_matrix_init(k, value.size(), o.row_length);
+    detail::check_compression(o.compression, "init of key " + k.str() + ": init_options");
     init_one(std::move(k), value, o);
   }
   /// Every key is checked before any is sent (a misuse inits none of them); then all inits go
@@ -375,6 +376,18 @@ class KVStore<dist, T> {
 
   void wait(key k) { impl_->eng.wait_key(k.id()); }
   void wait_all() { impl_->eng.wait_all(); }
+
+  // ---- compression ---------------------------------------------------------------------------
+  /// This worker's wire compression for every key without its own (init_options::compression),
+  /// from its next push or pull on (ops in flight finish first): fp16, bf16, bf16_trunc compress
+  /// pushes and pulls, two_bit pushes only (with this worker's residual per key). Servers keep
+  /// full precision. Throws invalid_argument, changing nothing, for a type out of range or a
+  /// two_bit threshold that is not finite and > 0.
+  void set_gradient_compression(const compression& c) {
+    detail::check_compression(c, "set_gradient_compression");
+    wait_all();
+    impl_->reqs.set_compression(c);
+  }
 
   // ---- optimizers ----------------------------------------------------------------------------
   /// Sends the optimizer (registered name and parameters, never code) to every server and

@@ -156,6 +156,7 @@ class KVStore<local, T> {
   /// With init_options: row_length as above; partition and compression place and encode a key
   /// across servers, so one process ignores them (values do not travel).
   void init(key k, std::span<const T> value, const init_options& o) {
+    detail::check_compression(o.compression, "init of key " + k.str() + ": init_options");
     if (o.row_length) return init(std::move(k), value, o.row_length);
     init(std::move(k), value);
   }
@@ -456,6 +457,11 @@ class KVStore<local, T> {
   }
   /// No other worker: no effect.
   void set_barrier_before_exit(bool /*on*/) {}
+  /// Values do not travel in one process: checks `c` as KVStore<dist> does (invalid_argument
+  /// for a type out of range or a two_bit threshold that is not finite and > 0), changes nothing.
+  void set_gradient_compression(const compression& c) {
+    detail::check_compression(c, "set_gradient_compression");
+  }
 
  private:
   using entry = detail::local_entry<T>;

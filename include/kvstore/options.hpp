@@ -8,6 +8,7 @@
 #include <kvstore/transport/security.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -36,6 +37,21 @@ struct compression {
   /// two_bit only: elements whose accumulated value reaches +-threshold are sent as +-threshold.
   float threshold = 0.5f;
 };
+
+namespace detail {
+/// A compression's type must be one of compression::kind, and two_bit's threshold finite and
+/// > 0: else error(invalid_argument) "kvstore: <where>: ..." naming the option.
+inline void check_compression(const compression& c, const std::string& where) {
+  if (c.type > compression::two_bit)
+    throw error(errc::invalid_argument, "kvstore: " + where + ": compression type " +
+                                            std::to_string(int{c.type}) +
+                                            " is not one of none, fp16, bf16, bf16_trunc, two_bit");
+  if (c.type == compression::two_bit && !(std::isfinite(c.threshold) && c.threshold > 0))
+    throw error(errc::invalid_argument, "kvstore: " + where + ": two_bit threshold " +
+                                            std::to_string(c.threshold) +
+                                            " must be finite and greater than 0");
+}
+}  // namespace detail
 
 /// How a dist key's elements are placed on the servers: hashed (one server, or sliced evenly over
 /// all servers above slice_bytes: the default) or even (always sliced over all S servers, chunk i

@@ -305,7 +305,7 @@ TEST_CASE(
         kv.set_gradient_compression(
             {.type = static_cast<kvstore::compression::kind>(9), .threshold = 0.5f});
       },
-      errc::invalid_argument, {"unknown type 9"});
+      errc::invalid_argument, {"compression type 9"});
 }
 
 TEST_CASE("rows: push_rows stores rows, duplicates summed; pull_rows in the order named" *

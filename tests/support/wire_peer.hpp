@@ -100,8 +100,8 @@ struct wire_peer {
     }
     return true;
   }
-  // Reads one frame (header, meta; payload skipped).
-  bool read_frame(kvstore::wire::header& h, std::string& meta) {
+  // Reads one frame (header, meta; the payload into `payload`, or skipped).
+  bool read_frame(kvstore::wire::header& h, std::string& meta, std::string* payload = nullptr) {
     kvstore::wire::header_bytes b;
     if (!read_exact(b.data(), b.size(), std::chrono::seconds(10))) return false;
     std::string why;
@@ -109,8 +109,10 @@ struct wire_peer {
     if (!kvstore::wire::decode(b.data(), h, lim, why)) return false;
     meta.resize(h.meta_len);
     if (!read_exact(meta.data(), meta.size(), std::chrono::seconds(10))) return false;
-    std::string payload(h.payload_len, '\0');
-    return read_exact(payload.data(), payload.size(), std::chrono::seconds(10));
+    std::string skipped;
+    std::string& p = payload ? *payload : skipped;
+    p.assign(h.payload_len, '\0');
+    return read_exact(p.data(), p.size(), std::chrono::seconds(10));
   }
   // Sends worker `rank`'s hello to server `server_id` with the identity proof of `credential`
   // (from the scheduler's address book), bound to this connection.

@@ -1256,3 +1256,261 @@ TEST_CASE(
   CHECK(f.answer_of(0, h.req_id) == std::vector<float>{5, 6, 7});
   CHECK(f.sh.held() == 0);
 }
+
+// ---- compressed pushes and pulls (wire/encoding.hpp) ----------------------------------------
+
+namespace {
+
+// v in 16-bit encoding e.
+std::vector<std::byte> encoded16(wire::encoding e, const std::vector<float>& v) {
+  std::vector<std::byte> out(2 * v.size());
+  wire::encode_16bit(e, v.data(), v.size(), out.data());
+  return out;
+}
+// v (multiples of t: -t, 0 or t) in 2-bit codes.
+std::vector<std::byte> encoded2(const std::vector<float>& v, float t) {
+  std::vector<float> residual(v.size(), 0.0f);
+  std::vector<std::byte> out(wire::two_bit_bytes(v.size()));
+  wire::encode_two_bit(v.data(), residual.data(), v.size(), t, out.data());
+  for (float r : residual) REQUIRE(r == 0.0f);
+  return out;
+}
+// What a 16-bit code stands for.
+float decoded16(wire::encoding e, float x) {
+  return e == wire::encoding::fp16   ? wire::from_fp16(wire::to_fp16(x))
+         : e == wire::encoding::bf16 ? wire::from_bf16(wire::to_bf16(x))
+                                     : wire::from_bf16(wire::to_bf16_trunc(x));
+}
+
+// One frame of a compressed push: its payload read where the shard's sink says (never in place:
+// it is decoded, not stored), then handled.
+void push_encoded(fixture& f, int rank, std::uint64_t key, wire::encoding e,
+                  const std::vector<std::byte>& payload, std::uint64_t offset, std::uint64_t total,
+                  std::uint64_t seq = 0, bool last = true) {
+  wire::header h = f.push_header(key, offset, 0, total, seq, last);
+  h.flags |= wire::encoding_flags(e);
+  h.payload_len = payload.size();
+  CHECK(f.sh.sink(rank, h).empty());
+  f.sh.handle(rank, f.port(rank), h, {}, payload);
+}
+
+// A pull answered in 16-bit encoding e: every data frame flagged with it, offsets absolute, at
+// most `per` elements each; their payloads decoded.
+std::vector<float> pull_encoded(fixture& f, std::uint64_t key, std::uint64_t total,
+                                wire::encoding e, std::uint64_t lo, std::size_t per) {
+  wire::header h;
+  h.command = wire::cmd::pull;
+  h.key = key;
+  h.req_id = ++f.req;
+  h.type = wire::dtype::f32;
+  h.total = total;
+  h.offset = lo;
+  h.flags = wire::encoding_flags(e);
+  auto& g = f.got(0);
+  g.clear();
+  f.sh.handle(0, f.port(0), h, {}, {});
+  std::vector<float> out;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    REQUIRE(g[i].data);
+    CHECK(wire::encoding_bits(g[i].h.flags) == static_cast<unsigned>(e));
+    CHECK(g[i].h.offset == lo + out.size());
+    CHECK(((g[i].h.flags & wire::flag_last) != 0) == (i + 1 == g.size()));
+    REQUIRE(g[i].raw.size() % 2 == 0);
+    const std::size_t n = g[i].raw.size() / 2;
+    CHECK(n <= per);
+    out.resize(out.size() + n);
+    wire::decode_16bit<false>(e, reinterpret_cast<const std::byte*>(g[i].raw.data()), n,
+                              out.data() + out.size() - n);
+  }
+  g.clear();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a round of fp16, bf16, bf16_trunc and 2-bit pushes is decoded and summed in float" *
+          doctest::timeout(10)) {
+  fixture f(4);
+  f.init_all(1, {0, 0, 0, 0}, 0, 4, 4);
+  const std::vector<float> g{0.1f, 70000.0f, -2.5f, 1e-6f};
+  push_encoded(f, 0, 1, wire::encoding::fp16, encoded16(wire::encoding::fp16, g), 0, 4);
+  push_encoded(f, 1, 1, wire::encoding::bf16, encoded16(wire::encoding::bf16, g), 0, 4);
+  push_encoded(f, 2, 1, wire::encoding::bf16_trunc, encoded16(wire::encoding::bf16_trunc, g), 0, 4);
+  const std::vector<float> q{0.5f, -0.5f, 0.0f, 0.5f};
+  push_encoded(f, 3, 1, wire::encoding::two_bit, encoded2(q, 0.5f), 0, 4);
+  for (int r = 0; r < 4; ++r) {
+    REQUIRE(f.got(r).size() == 1);
+    CHECK(f.got(r)[0].status == errc::ok);
+  }
+  std::vector<float> want(4);
+  for (std::size_t i = 0; i < 4; ++i)  // in arrival order, in float
+    want[i] = ((decoded16(wire::encoding::fp16, g[i]) + decoded16(wire::encoding::bf16, g[i])) +
+               decoded16(wire::encoding::bf16_trunc, g[i])) +
+              q[i];
+  CHECK(want[0] == 0.0999755859375f + 0.10009765625f + 0.099609375f + 0.5f);
+  CHECK(std::isinf(want[1]));  // 70000 is Inf in fp16: IEEE's overflow, summed as such
+  CHECK(f.pull(1, 4) == want);
+  // A single worker's compressed push is never read straight into the round's buffer.
+  fixture one(1);
+  one.init_all(2, {0, 0}, 0, 2, 2);
+  push_encoded(one, 0, 2, wire::encoding::bf16_trunc,
+               encoded16(wire::encoding::bf16_trunc, {0.1f, 3}), 0, 2);
+  CHECK(one.pull(2, 2) == std::vector<float>{0.099609375f, 3});
+}
+
+TEST_CASE("compressed frames at unaligned offsets: staged sums, and one async optimizer step" *
+          doctest::timeout(10)) {
+  SUBCASE("sync, two workers, 2-bit frames over [0, 3) and [3, 7), plain over [2, 7) and [0, 2)") {
+    fixture f(2);
+    f.init_all(3, std::vector<float>(7, 0.0f), 0, 7, 7);
+    const std::vector<float> a{0.25f, -0.25f, 0, 0.25f, 0.25f, 0, -0.25f};
+    push_encoded(f, 0, 3, wire::encoding::two_bit, encoded2({a.begin(), a.begin() + 3}, 0.25f), 0,
+                 7, 0, false);
+    f.push(1, 3, {1, 1, 1, 1, 1}, 2, 7, 0, false);
+    push_encoded(f, 0, 3, wire::encoding::two_bit, encoded2({a.begin() + 3, a.end()}, 0.25f), 3, 7,
+                 0, true);
+    f.push(1, 3, {2, 2}, 0, 7, 0, true);
+    REQUIRE(f.got(0).size() == 1);
+    CHECK(f.pull(3, 7) == std::vector<float>{2.25f, 1.75f, 1, 1.25f, 1.25f, 1, 0.75f});
+  }
+  SUBCASE("async, sgd: a fp16 push in two frames is one step on the decoded gradient") {
+    fixture f(1, /*sync=*/false);
+    f.init_all(4, std::vector<float>(5, 1.0f), 0, 5, 5);
+    optim::sgd o;
+    o.learning_rate = 0.5;
+    f.set_optimizer("sgd", params_of(o));
+    const std::vector<float> g{0.1f, 0.2f, 0.3f, 0.4f, 0.5f};
+    push_encoded(f, 0, 4, wire::encoding::fp16, encoded16(wire::encoding::fp16, {0.1f, 0.2f}), 0, 5,
+                 9, false);
+    CHECK(f.got(0).empty());
+    push_encoded(f, 0, 4, wire::encoding::fp16, encoded16(wire::encoding::fp16, {0.3f, 0.4f, 0.5f}),
+                 2, 5, 9, true);
+    REQUIRE(f.got(0).size() == 1);
+    std::vector<float> want(5);
+    for (std::size_t i = 0; i < 5; ++i)
+      want[i] = 1.0f - 0.5f * decoded16(wire::encoding::fp16, g[i]);
+    CHECK(f.pull(4, 5) == want);
+    CHECK(f.sh.slices().at(4).st_f.step == 1);
+  }
+}
+
+TEST_CASE("a pull asking for 16 bits is answered in them, in chunk_bytes, the value untouched" *
+          doctest::timeout(10)) {
+  fixture f(1, true, 3 * 2);  // 3 halves per data frame
+  const std::vector<float> v{0.1f, 1, 2, 70000.0f, -0.3f, 1e-8f, 65504};
+  f.init_all(5, v, 10, 17, 20);
+  for (auto e : {wire::encoding::fp16, wire::encoding::bf16, wire::encoding::bf16_trunc}) {
+    CAPTURE(wire::encoding_name(e));
+    std::vector<float> want(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) want[i] = decoded16(e, v[i]);
+    CHECK(pull_encoded(f, 5, 20, e, 10, 3) == want);
+  }
+  CHECK(f.pull(5, 20, 10) == v);  // the server keeps full precision
+}
+
+TEST_CASE("compressed requests that do not fit their encoding: errors, and nothing changes" *
+          doctest::timeout(10)) {
+  fixture f(1);
+  f.init_all(1, {1, 2, 3, 4}, 2, 6, 8);
+  const std::vector<float> before{1, 2, 3, 4};
+  auto header = [&](wire::encoding e, std::uint64_t payload, std::uint64_t offset = 2) {
+    wire::header h = f.push_header(1, offset, 0, 8);
+    h.flags |= wire::encoding_flags(e);
+    h.payload_len = payload;
+    return h;
+  };
+  // The sink: at most the slice's elements in the encoding, before a byte is read.
+  CHECK(f.sh.sink(0, header(wire::encoding::fp16, 8)).empty());
+  CHECK(error_of([&] { (void)f.sh.sink(0, header(wire::encoding::fp16, 10)); }) == errc::protocol);
+  CHECK(error_of([&] { (void)f.sh.sink(0, header(wire::encoding::fp16, 16)); }) ==
+        errc::protocol);  // the slice's plain bytes: too many halves
+  CHECK(f.sh.sink(0, header(wire::encoding::two_bit, 5)).empty());
+  CHECK(error_of([&] { (void)f.sh.sink(0, header(wire::encoding::two_bit, 6)); }) ==
+        errc::protocol);
+  CHECK(error_of([&] { (void)f.sh.sink(0, header(static_cast<wire::encoding>(7), 4)); }) ==
+        errc::protocol);  // unknown: cannot be sized
+  // The payload: whole elements, well-formed codes, inside the slice.
+  auto handle = [&](wire::encoding e, std::vector<std::byte> p, std::uint64_t offset = 2) {
+    f.sh.handle(0, f.port(0), header(e, p.size(), offset), {}, p);
+  };
+  CHECK(error_of([&] { handle(wire::encoding::fp16, std::vector<std::byte>(3)); }) ==
+        errc::protocol);
+  auto bad_codes = encoded2({0.5f, 0.5f}, 0.5f);
+  bad_codes.back() = std::byte{0xF7};  // code 3 between elements
+  CHECK(error_of([&] { handle(wire::encoding::two_bit, bad_codes); }) == errc::protocol);
+  CHECK(error_of([&] {
+          handle(wire::encoding::two_bit, encoded2({0.5f, 0.5f, 0.5f}, 0.5f), 4);
+        }) == errc::size_mismatch);  // [4, 7) of the slice [2, 6)
+  CHECK(error_of([&] { handle(wire::encoding::fp16, encoded16(wire::encoding::fp16, {1}), 1); }) ==
+        errc::size_mismatch);
+  // An encoding this server does not know: the request is refused, the connection kept.
+  CHECK(error_of([&] { handle(static_cast<wire::encoding>(9), {}); }) == errc::unsupported);
+  auto pull = [&](unsigned bits) {
+    wire::header h;
+    h.command = wire::cmd::pull;
+    h.key = 1;
+    h.req_id = ++f.req;
+    h.type = wire::dtype::f32;
+    h.total = 8;
+    h.offset = 2;
+    h.flags = bits << wire::encoding_shift;
+    f.sh.handle(0, f.port(0), h, {}, {});
+  };
+  CHECK(error_of([&] { pull(12); }) == errc::unsupported);
+  CHECK(error_of([&] { pull(static_cast<unsigned>(wire::encoding::two_bit)); }) ==
+        errc::invalid_argument);  // 2-bit compresses pushes only
+  CHECK(f.got(0).empty());
+  CHECK(f.sh.slices().at(1).round_done.empty());
+  CHECK(f.sh.slices().at(1).cov.ranges().empty());
+  CHECK(f.pull(1, 8, 2) == before);
+  // And the shard serves on.
+  push_encoded(f, 0, 1, wire::encoding::bf16, encoded16(wire::encoding::bf16, {1, 1, 1, 1}), 2, 8);
+  CHECK(f.pull(1, 8, 2) == std::vector<float>{1, 1, 1, 1});
+}
+
+TEST_CASE("a compressed pull held for a version is answered in its encoding; ranges stay plain" *
+          doctest::timeout(10)) {
+  fixture f(1);
+  f.init_all(1, {0, 0, 0, 0}, 0, 4, 4);
+  wire::header h;
+  h.command = wire::cmd::pull;
+  h.key = 1;
+  h.req_id = ++f.req;
+  h.type = wire::dtype::f32;
+  h.total = 4;
+  h.aux = 1;  // min version: the first round
+  h.flags = wire::encoding_flags(wire::encoding::bf16_trunc);
+  f.sh.handle(0, f.port(0), h, {}, {});
+  CHECK(f.got(0).empty());  // held
+  f.push(0, 1, {0.1f, 70000.0f, 1, 2}, 0, 4);
+  std::vector<float> values;
+  for (auto& a : f.got(0)) {
+    if (!a.data) continue;
+    CHECK(wire::encoding_bits(a.h.flags) == static_cast<unsigned>(wire::encoding::bf16_trunc));
+    CHECK(a.h.req_id == h.req_id);
+    values.resize(a.raw.size() / 2);
+    wire::decode_16bit<false>(wire::encoding::bf16_trunc,
+                              reinterpret_cast<const std::byte*>(a.raw.data()), values.size(),
+                              values.data());
+  }
+  CHECK(values == std::vector<float>{0.099609375f, 69632.0f, 1, 2});
+  // A pull in an unknown encoding is refused at once, not held.
+  h.req_id = ++f.req;
+  h.aux = 5;
+  h.flags = 9u << wire::encoding_shift;
+  CHECK(error_of([&] { f.sh.handle(0, f.port(0), h, {}, {}); }) == errc::unsupported);
+  // Range pushes and pulls travel plain: one in 16 bits is refused.
+  h.flags = wire::flag_range | wire::encoding_flags(wire::encoding::fp16);
+  h.aux = 0;
+  CHECK(error_of([&] {
+          f.sh.handle(0, f.port(0), h, wire::encode_range({0, 2}), {});
+        }) == errc::unsupported);
+  wire::header p = f.push_header(1, 0, 0, 4, 0, true);
+  p.flags |= wire::flag_range | wire::encoding_flags(wire::encoding::fp16);
+  const auto halves = encoded16(wire::encoding::fp16, {1, 1});
+  p.payload_len = halves.size();
+  CHECK(error_of([&] {
+          f.sh.handle(0, f.port(0), p, wire::encode_range({0, 2}), halves);
+        }) == errc::unsupported);
+  CHECK(f.pull(1, 4) == std::vector<float>{0.1f, 70000.0f, 1, 2});
+}

@@ -8,7 +8,9 @@
 #include <kvstore/options.hpp>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -35,6 +37,11 @@ struct key_record {
   const kvstore::partition placement;
   /// The key's own wire compression (init_options::compression); type none: the store's setting.
   kvstore::compression compression{};
+  /// This worker's two_bit residual (a std::vector<T>, client/compression.hpp), made at the
+  /// key's first 2-bit push.
+  std::shared_ptr<void> residual;
+  /// The last compressed push's payload buffer, reused by the next when no frame holds it.
+  std::shared_ptr<std::vector<std::byte>> encoded;
 
   std::uint64_t rows() const noexcept { return row_length ? total / row_length : 0; }
 };

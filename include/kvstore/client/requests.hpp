@@ -7,12 +7,14 @@
 
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/client.hpp>
+#include <kvstore/client/compression.hpp>
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/client/row_fanout.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/optim/state_file.hpp>
 #include <kvstore/wire/commands.hpp>
+#include <kvstore/wire/encoding.hpp>
 #include <kvstore/wire/messages.hpp>
 
 #include <algorithm>
@@ -80,6 +82,8 @@ class requests {
             std::shared_ptr<const void> keep = nullptr) {
     auto all = fan_in(m.slices.size(), std::move(done));
     const std::uint64_t seq = ++m.pushes;
+    if (const compression c = compression_.of(m); c.type != compression::none)
+      return push_encoded(m, value, c, priority, seq, std::move(all));
     for (auto& s : m.slices) {
       std::vector<transport::out_frame> frames;
       for (std::uint64_t off = s.lo; off < s.hi; off += chunk_elems_) {
@@ -105,6 +109,8 @@ class requests {
           std::copy(outs[0].begin(), outs[0].end(), outs[i].begin());
       done(e);
     });
+    if (const auto e = pull_encoding(compression_.of(m)); e != wire::encoding::plain)
+      return pull_encoded(m, first, e, priority, min_version, std::move(all));
     for (auto& s : m.slices) {
       transport::out_frame f;
       f.h = wire::pull_header(fields(m), s.lo, priority, min_version);
@@ -185,6 +191,12 @@ class requests {
       client_.send(s->server, worker_client::single(std::move(f)), std::move(r));
     }
   }
+
+  // ---- compression -------------------------------------------------------------------------
+  /// The store's compression (set_gradient_compression): pushes and pulls of keys without their
+  /// own (init_options::compression) use it from their next op on.
+  void set_compression(const compression& c) noexcept { compression_.set(c); }
+  compression store_compression() const noexcept { return compression_.get(); }
 
   // ---- element ranges of one key --------------------------------------------------------------
   /// Elements [offset, offset + values.size()) of the key, each server's part in chunk_bytes
@@ -394,6 +406,58 @@ class requests {
     f.payload_len = n * sizeof(T);
   }
 
+  // A push in encoding c: each slice's frames of at most chunk_bytes of encoded payload, all
+  // encoded into one buffer before any is sent (two_bit: against the key's residual).
+  void push_encoded(key_record& m, std::span<const T> value, const compression& c, int priority,
+                    std::uint64_t seq, std::shared_ptr<op_state> all) {
+    const wire::encoding e = push_encoding(c);
+    const std::size_t per = elements_per_frame(e, client_.options().chunk_bytes);
+    encoded_push<T> enc(e, c.threshold);
+    for (auto& s : m.slices)
+      for (std::uint64_t off = s.lo; off < s.hi; off += per)
+        enc.add(off, std::min<std::uint64_t>(per, s.hi - off));
+    auto buf = push_buffer(m, enc.size());
+    enc.encode(value, e == wire::encoding::two_bit ? residual_of<T>(m) : nullptr, *buf);
+    auto frame = enc.frames().begin();
+    for (auto& s : m.slices) {
+      std::vector<transport::out_frame> frames;
+      for (; frame != enc.frames().end() && frame->offset < s.hi; ++frame) {
+        transport::out_frame f;
+        f.h = wire::push_header(fields(m), frame->offset, seq, frame->offset + frame->count >= s.hi,
+                                priority);
+        f.h.flags |= wire::encoding_flags(e);
+        f.payload = buf->data() + frame->at;
+        f.payload_len = frame->bytes;
+        f.keep = buf;
+        frames.push_back(std::move(f));
+      }
+      client_.send(s.server, std::move(frames), part_of(all, {call_kind::push, &m.k}));
+    }
+  }
+
+  // A pull whose answer travels in 16-bit encoding e: each data frame decoded into `out` at its
+  // offset, which must lie in the slice asked for.
+  void pull_encoded(const key_record& m, std::span<T> out, wire::encoding e, int priority,
+                    std::uint64_t min_version, std::shared_ptr<op_state> all) {
+    for (auto& s : m.slices) {
+      transport::out_frame f;
+      f.h = wire::pull_header(fields(m), s.lo, priority, min_version);
+      f.h.flags |= wire::encoding_flags(e);
+      worker_client::request r = part_of(all, {call_kind::pull, &m.k, -1, min_version});
+      r.on_data = [out, e, lo = s.lo, hi = s.hi](const wire::header& h,
+                                                 std::span<const std::byte> payload) {
+        const std::uint64_t n = payload.size() / 2;
+        if (wire::encoding_bits(h.flags) != static_cast<unsigned>(e) ||
+            (h.flags & wire::flag_rows) || h.offset < lo || h.offset > hi || n > hi - h.offset ||
+            payload.size() % 2)
+          throw error(errc::protocol, std::string("a ") + wire::encoding_name(e) +
+                                          " pull's answer does not match the request");
+        wire::decode_16bit<false>(e, payload.data(), n, out.data() + h.offset);
+      };
+      client_.send(s.server, worker_client::single(std::move(f)), std::move(r));
+    }
+  }
+
   // The parts of elements [offset, offset + n) on the servers holding them, in key order (the
   // range is checked to lie in the key, so the parts are never empty together).
   static std::vector<slice_ref> overlaps(const key_record& m, std::uint64_t offset,
@@ -460,6 +524,7 @@ class requests {
   }
 
   worker_client& client_;
+  compression_setting compression_;
   const std::size_t chunk_elems_;
   const unsigned spin_us_;
 };

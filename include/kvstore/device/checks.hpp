@@ -62,19 +62,6 @@ void check_device_size(std::string_view call, const key& k, std::uint64_t total,
   check_size(call, k, total, s.size, "on device " + std::to_string(s.device) + ", ");
 }
 
-/// A compression a store could apply: a known type and, for two_bit, a positive finite threshold.
-/// Throws invalid_argument. (A device store validates it and changes nothing: values do not
-/// travel.)
-inline void check_compression(const compression& c) {
-  if (c.type > compression::two_bit)
-    throw error(errc::invalid_argument, "kvstore: set_gradient_compression: unknown type " +
-                                            std::to_string(static_cast<int>(c.type)));
-  if (c.type == compression::two_bit && !(std::isfinite(c.threshold) && c.threshold > 0))
-    throw error(errc::invalid_argument,
-                "kvstore: set_gradient_compression: two_bit needs a positive threshold, not " +
-                    std::to_string(c.threshold));
-}
-
 /// Runs f; a kvstore::error from it (a CUDA failure, say) comes back naming the call, the key
 /// and the device, with its code kept.
 template <class F>

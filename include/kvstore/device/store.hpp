@@ -104,10 +104,12 @@ class KVStore<device, T> {
   /// With init_options: row_length as above; partition and compression place and encode a key
   /// across servers, so one process ignores them (values do not travel).
   void init(key k, device_span<const T> value, const init_options& o) {
+    detail::check_compression(o.compression, "init of key " + k.str() + ": init_options");
     if (o.row_length) return init(std::move(k), value, o.row_length);
     init(std::move(k), value);
   }
   void init(key k, std::span<const T> value, const init_options& o) {
+    detail::check_compression(o.compression, "init of key " + k.str() + ": init_options");
     if (o.row_length) return init(std::move(k), value, o.row_length);
     init(std::move(k), value);
   }
@@ -251,7 +253,9 @@ class KVStore<device, T> {
 
   /// Values do not travel in a device store: checks `c` (a known type; for two_bit a positive,
   /// finite threshold) and changes nothing. Throws invalid_argument.
-  void set_gradient_compression(const compression& c) { detail::check_compression(c); }
+  void set_gradient_compression(const compression& c) {
+    detail::check_compression(c, "set_gradient_compression");
+  }
 
   /// Scales the learning rate and weight decay of `k`'s updates (MXNet's lr_mult and wd_mult),
   /// in the fused kernels as on the host; for ops issued after it (it waits for the key's ops in

@@ -20,6 +20,7 @@
 #include <kvstore/optim/all.hpp>
 #include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/slice.hpp>
+#include <kvstore/wire/encoding.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
 #include <kvstore/wire/meta.hpp>
@@ -108,6 +109,8 @@ class shard {
           too_big(0);  // never inited here: no payload is acceptable
           return {};
         }
+        if (h.command == wire::cmd::push && wire::encoding_bits(h.flags))
+          return encoded_sink(h, it->second);
         too_big(it->second.size() * it->second.elem());
         if (h.command == wire::cmd::push) return direct_sink(rank, h, it->second);
         return {};
@@ -128,11 +131,13 @@ class shard {
       case wire::cmd::init:
         return init(rank, from, h, meta, payload);
       case wire::cmd::push:
+        if (h.flags & wire::flag_range) refuse_encoded_range(h);
         if (h.flags & wire::flag_range) check_range_push(h, meta, payload.size());
         return push(rank, from, h, payload);
       case wire::cmd::push_rows:
         return push_rows(rank, from, h, meta, payload);
       case wire::cmd::pull:
+        if (h.flags & wire::flag_range) refuse_encoded_range(h);
         if (h.flags & wire::flag_range) return pull_range(rank, from, h, meta);
         return pull(rank, from, h);
       case wire::cmd::pull_rows:
@@ -226,6 +231,7 @@ class shard {
   /// One frame of a push: elements [h.offset, h.offset + n) of the key. h.aux is the worker's
   /// sequence number of the push (0: not numbered), flag_last marks its last frame.
   void push(int rank, const Port& from, const wire::header& h, std::span<const std::byte> payload) {
+    if (wire::encoding_bits(h.flags)) return push_encoded(rank, from, h, payload);
     refuse_if_left(rank, h.key);
     slice& s = find(h);
     const std::uint64_t n = check_range(s, h, payload.size());
@@ -245,6 +251,45 @@ class shard {
         apply_range<T>(s, reinterpret_cast<const T*>(payload.data()), rel, n, /*new_step=*/first);
       });
     end_async_frame(s, rank, from, h);
+  }
+
+  /// One frame of a compressed push (the encoding in its flags, wire/encoding.hpp): decoded as
+  /// it is summed into the round (sync) or before it is applied (async). Values and optimizer
+  /// state stay in full precision.
+  void push_encoded(int rank, const Port& from, const wire::header& h,
+                    std::span<const std::byte> payload) {
+    refuse_if_left(rank, h.key);
+    slice& s = find(h);
+    const wire::encoding e = known_encoding(h, "push");
+    with_dtype(s.type, [&]<class T>() {
+      wire::payload_view<T> v;
+      try {
+        v = wire::view_payload<T>(e, payload);
+      } catch (const error& bad) {
+        throw error(errc::protocol, "key " + key_str(h.key) + ": " + bad.what());
+      }
+      const std::uint64_t n = check_elements(s, h, v.count);
+      if (s.duplicate(rank, h.aux)) return ack_duplicate(from, h);
+      const std::uint64_t rel = h.offset - s.lo;
+      if (cfg_.sync) {
+        begin_round_push(s, rank);
+        T* m = reinterpret_cast<T*>(s.merge.data());
+        s.cov.contribute(
+            rel, rel + n,
+            [&](std::uint64_t b, std::uint64_t end) { v.copy_to(b - rel, end - b, m + b); },
+            [&](std::uint64_t b, std::uint64_t end) { v.add_to(b - rel, end - b, m + b); });
+        if (h.flags & wire::flag_last) end_round_push(s, rank, from, h);
+        return;
+      }
+      bool first = true;
+      if (s.take_async_frame(rank, h.aux, (h.flags & wire::flag_last) != 0, first)) {
+        if (scratch_.size() < n * sizeof(T)) scratch_.resize(n * sizeof(T));
+        T* grad = reinterpret_cast<T*>(scratch_.data());
+        v.copy_to(0, n, grad);
+        apply_range<T>(s, grad, rel, n, /*new_step=*/first);
+      }
+      end_async_frame(s, rank, from, h);
+    });
   }
 
   /// A push of rows: meta lists the row ids, the payload holds one row per id.
@@ -292,6 +337,8 @@ class shard {
   /// while the slice is below the version in h.aux or the puller is too far ahead (staleness).
   void pull(int rank, const Port& from, const wire::header& h) {
     slice& s = find(h);
+    // A pull in an encoding the server cannot answer is refused now, not once it is released.
+    if (wire::encoding_bits(h.flags)) (void)pull_encoding(h);
     if (!may_answer(rank, s, h.aux)) return hold({from, rank, h, {}, {}});
     send_value(from, h, s);
   }
@@ -335,6 +382,7 @@ class shard {
 
  private:
   void send_value(const Port& from, const wire::header& h, const slice& s) {
+    if (wire::encoding_bits(h.flags)) return send_encoded(from, h, s);
     const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
     std::shared_ptr<const void> keep = s.value;
     const std::byte* base = s.value->data();
@@ -344,6 +392,29 @@ class shard {
       f.offset = s.lo + off;
       if (off + n == s.size()) f.flags = wire::flag_last;
       from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
+    }
+  }
+
+  // The slice's value in the 16-bit encoding the pull asks for (its flags, checked by
+  // pull_encoding), encoded once and sent in data frames of at most chunk_bytes, each flagged
+  // with the encoding.
+  void send_encoded(const Port& from, const wire::header& h, const slice& s) {
+    const wire::encoding e = pull_encoding(h);
+    // The slice's last answer when no frame still holds it: a new buffer per pull costs page
+    // faults and zeroing (32 MiB of them for a 64 MiB slice).
+    if (!s.encoded || s.encoded.use_count() > 1) s.encoded = std::make_shared<bytes>();
+    auto buf = s.encoded;
+    buf->resize(wire::encoded_bytes(e, s.size(), s.elem()));
+    with_dtype(s.type, [&]<class T>() {
+      wire::encode_16bit(e, reinterpret_cast<const T*>(s.value->data()), s.size(), buf->data());
+    });
+    const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / 2);
+    for (std::uint64_t off = 0; off < s.size(); off += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, s.size() - off);
+      wire::header f = data_header(s, h);
+      f.offset = s.lo + off;
+      f.flags = wire::encoding_flags(e) | (off + n == s.size() ? wire::flag_last : 0u);
+      from.send(f, {buf->data() + 2 * off, static_cast<std::size_t>(2 * n)}, buf);
     }
   }
 
@@ -632,6 +703,50 @@ class shard {
     return {s.merge.data() + rel * s.elem(), static_cast<std::size_t>(h.payload_len)};
   }
 
+  // A compressed push's payload may hold at most the slice's elements in its encoding, in the
+  // connection's buffer (push_encoded decodes it; it never goes straight into a round). An
+  // encoding this server does not know cannot be sized: its payload is refused unread.
+  std::span<std::byte> encoded_sink(const wire::header& h, const slice& s) {
+    const wire::encoding e = known_encoding(h, "push", errc::protocol);
+    const std::uint64_t limit = wire::encoded_bytes(e, s.size(), s.elem());
+    if (h.payload_len > limit)
+      throw error(errc::protocol, "a " + std::to_string(h.payload_len) + "-byte " +
+                                      wire::encoding_name(e) + " payload for key " +
+                                      key_str(h.key) + " that takes at most " +
+                                      std::to_string(limit));
+    return {};
+  }
+
+  // Element ranges (push_range, pull_range) travel plain.
+  static void refuse_encoded_range(const wire::header& h) {
+    if (wire::encoding_bits(h.flags))
+      throw error(errc::unsupported,
+                  "key " + key_str(h.key) + ": a range push or pull in encoding " +
+                      std::to_string(wire::encoding_bits(h.flags)) + ": ranges travel plain");
+  }
+
+  // The 16-bit encoding a pull asks for: an unknown one is unsupported, 2 bits a bad argument.
+  static wire::encoding pull_encoding(const wire::header& h) {
+    const wire::encoding e = known_encoding(h, "pull");
+    if (!wire::is_16bit(e))
+      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": a pull in " +
+                                              wire::encoding_name(e) +
+                                              ": 2-bit compression applies to pushes only");
+    return e;
+  }
+
+  // The encoding a push or pull names in its flags; one this server does not know is an error
+  // `code` (unsupported: the request is refused, its connection kept).
+  static wire::encoding known_encoding(const wire::header& h, const char* what,
+                                       errc code = errc::unsupported) {
+    const unsigned bits = wire::encoding_bits(h.flags);
+    if (bits >= wire::encoding_count)
+      throw error(code, "key " + key_str(h.key) + ": a " + what + " in encoding " +
+                            std::to_string(bits) + ", which this server does not know (0-" +
+                            std::to_string(wire::encoding_count - 1) + ")");
+    return static_cast<wire::encoding>(bits);
+  }
+
   slice& find(const wire::header& h) {
     auto it = slices_.find(h.key);
     if (it == slices_.end() || !it->second.inited)
@@ -649,7 +764,9 @@ class shard {
 
   // Checks that payload elements [offset, offset + n) lie in the slice.
   static std::uint64_t check_range(const slice& s, const wire::header& h, std::size_t payload_len) {
-    const std::uint64_t n = payload_len / s.elem();
+    return check_elements(s, h, payload_len / s.elem());
+  }
+  static std::uint64_t check_elements(const slice& s, const wire::header& h, std::uint64_t n) {
     if (h.offset < s.lo || h.offset > s.hi || n > s.hi - h.offset)
       throw error(errc::size_mismatch,
                   "key " + key_str(h.key) + ": elements [" + std::to_string(h.offset) + ", " +
@@ -947,6 +1064,7 @@ class shard {
   optim::updater<double> upd_d_;
   std::string opt_name_, opt_params_;
   std::set<int> left_, dead_;
+  bytes scratch_;          // a compressed async push's frame, decoded (at most a slice's bytes)
   held_pulls<Port> held_;  // pulls waiting for a version or slower workers
 };
 

@@ -40,6 +40,9 @@ struct reply_to {
 template <class Port>
 struct key_slice : wire::slice_header {
   std::shared_ptr<bytes> value;  // shared with pull answers in flight: copy on write
+  // The last pull answer in 16 bits (half the value's bytes), reused when no frame holds it: a
+  // cache, so answering (which reads the slice) may set it.
+  mutable std::shared_ptr<bytes> encoded;
   bool inited = false;
   bool restored = false;    // loaded from a snapshot: re-sent inits are acknowledged
   std::set<int> init_done;  // workers whose init arrived

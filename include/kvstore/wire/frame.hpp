@@ -83,6 +83,24 @@ enum flag : std::uint32_t {
 inline constexpr unsigned encoding_shift = 24;
 inline constexpr std::uint32_t encoding_mask = 0xFu << encoding_shift;
 
+/// A payload's encoding, numbered as compression::kind. wire/encoding.hpp has the element
+/// conversions and the payload layouts; a pull asks for its answer's encoding this way too.
+enum class encoding : std::uint8_t { plain = 0, fp16 = 1, bf16 = 2, bf16_trunc = 3, two_bit = 4 };
+inline constexpr unsigned encoding_count = 5;
+
+/// Whether command `c` carries an encoding in its flags (push, pull, data); others ignore them.
+inline bool carries_encoding(cmd c) noexcept {
+  return c == cmd::push || c == cmd::pull || c == cmd::data;
+}
+/// The encoding bits of `flags`, as sent: a value of encoding_count or more is one this
+/// program does not know.
+inline unsigned encoding_bits(std::uint32_t flags) noexcept {
+  return (flags & encoding_mask) >> encoding_shift;
+}
+inline std::uint32_t encoding_flags(encoding e) noexcept {
+  return static_cast<std::uint32_t>(e) << encoding_shift;
+}
+
 struct header {
   cmd command = cmd::response;
   std::uint32_t flags = 0;
@@ -157,6 +175,23 @@ struct limits {
   std::uint64_t max_meta = max_meta_default;
 };
 
+/// The bytes a payload's size must be a multiple of: an element of its type, or of its
+/// encoding (2 for the 16-bit ones). 2-bit payloads and unknown encodings are sized by the
+/// receiver, which knows the key (server/shard.hpp).
+inline std::size_t payload_unit(const header& h) noexcept {
+  if (!carries_encoding(h.command)) return dtype_size(h.type);
+  switch (encoding_bits(h.flags)) {
+    case 0:
+      return dtype_size(h.type);
+    case static_cast<unsigned>(encoding::fp16):
+    case static_cast<unsigned>(encoding::bf16):
+    case static_cast<unsigned>(encoding::bf16_trunc):
+      return 2;
+    default:
+      return 1;
+  }
+}
+
 /// Decodes and validates a header. On failure returns false and says why in `why`; the caller
 /// closes that connection (and only that one) with the reason logged.
 inline bool decode(const std::byte* p, header& h, const limits& lim, std::string& why) {
@@ -201,7 +236,7 @@ inline bool decode(const std::byte* p, header& h, const limits& lim, std::string
           std::to_string(lim.max_payload);
     return false;
   }
-  if (h.payload_len != 0 && h.type != dtype::none && h.payload_len % dtype_size(h.type) != 0) {
+  if (h.payload_len != 0 && h.type != dtype::none && h.payload_len % payload_unit(h) != 0) {
     why =
         "payload of " + std::to_string(h.payload_len) + " bytes is not a whole number of elements";
     return false;
