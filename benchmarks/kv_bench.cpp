@@ -104,7 +104,13 @@ struct config {
   int pingpong64_n = 5000;                            // 64-byte ping-pongs per repetition
   std::size_t many_keys = 1000;
   int many_rounds = 10;  // push-all-then-wait_all rounds per repetition
-  std::string only;      // --only: run only measurements whose name contains this
+  // Growth: N single-float keys in one multi-key init, push and pull, for each N.
+  std::vector<std::size_t> growth_keys = {1000, 10000, 100000, 1000000};
+  // A backprop step: backprop_keys keys of mixed small sizes, each pushed by its own call (the
+  // layers' gradients as they come), wait_all, then each pulled by its own call, wait_all.
+  std::size_t backprop_keys = 200;
+  int backprop_steps = 20;  // steps per repetition
+  std::string only;         // --only: run only measurements whose name contains this
   // `only` is a comma-separated list of name parts.
   bool want(const std::string& name) const {
     if (only.empty()) return true;
@@ -132,6 +138,8 @@ config make_config(bool quick) {
     c.pingpong64_n = 100;
     c.many_keys = 100;
     c.many_rounds = 2;
+    c.growth_keys = {1000, 10000};
+    c.backprop_steps = 2;
   } else {
     c.reps = 5;
     c.sizes = {{4 << 10, 2000, 2000}, {64 << 10, 600, 600}, {4 << 20, 40, 40}, {64 << 20, 4, 4}};
@@ -291,6 +299,27 @@ float expected_sum(int workers, std::size_t k, std::size_t i) {
   return s;
 }
 
+// Growth case g's key i (one float each): ids from 10,000,000 (g + 1), apart from every other key.
+std::int64_t growth_key(std::size_t g, std::size_t i) {
+  return 10'000'000 * static_cast<std::int64_t>(g + 1) + static_cast<std::int64_t>(i);
+}
+// Backprop key i: id 5,000,000 + i, of 16, 256, 1024 or 4096 floats in turn (64 B to 16 KiB: the
+// biases and weights of small layers).
+int backprop_key(std::size_t i) { return 5'000'000 + static_cast<int>(i); }
+std::size_t backprop_floats(std::size_t i) {
+  static constexpr std::size_t f[] = {16, 256, 1024, 4096};
+  return f[i % 4];
+}
+std::size_t backprop_bytes(std::size_t keys) {
+  std::size_t b = 0;
+  for (std::size_t i = 0; i < keys; ++i) b += backprop_floats(i) * sizeof(float);
+  return b;
+}
+// The measurement names of growth case N: its init, push and pull.
+std::string growth_name(const char* what, std::size_t n) {
+  return std::string("keys_") + what + "_" + std::to_string(n);
+}
+
 // Phase barrier through the parent: a process says R and waits for the parent's go byte. The
 // parent releases the kvstore group and the baseline group in turn, phase by phase, so the two
 // are measured interleaved (load from elsewhere hits both alike) and never at the same time.
@@ -375,6 +404,44 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
       kv.init(zkey(z, e), std::span<const float>(zvals.back()),
               kvstore::init_options{.compression = encoding_cases[e].c});
   }
+
+  // The growth cases' keys and buffers, made for the cases asked for (--only).
+  struct growth_case {
+    bool on = false;
+    std::vector<kvstore::key> keys;
+    std::vector<float> vals, outs;
+    std::vector<std::span<const float>> in;
+    std::vector<std::span<float>> out;
+  };
+  std::vector<growth_case> growth(cfg.growth_keys.size());
+  for (std::size_t g = 0; g < growth.size(); ++g) {
+    const std::size_t N = cfg.growth_keys[g];
+    auto& c = growth[g];
+    c.on = cfg.want(growth_name("init", N)) || cfg.want(growth_name("push", N)) ||
+           cfg.want(growth_name("pull", N));
+    if (!c.on) continue;
+    c.keys.reserve(N);
+    c.vals.resize(N);
+    c.outs.assign(N, -1.f);
+    for (std::size_t i = 0; i < N; ++i) {
+      c.keys.emplace_back(growth_key(g, i));
+      c.vals[i] = value_of(me, i, 0);
+    }
+    for (std::size_t i = 0; i < N; ++i) {
+      c.in.emplace_back(&c.vals[i], 1);
+      c.out.emplace_back(&c.outs[i], 1);
+    }
+  }
+  // The backprop step's keys.
+  std::vector<std::vector<float>> bvals, bouts;
+  if (cfg.want("backprop"))
+    for (std::size_t k = 0; k < cfg.backprop_keys; ++k) {
+      bvals.emplace_back(backprop_floats(k));
+      for (std::size_t i = 0; i < bvals.back().size(); ++i)
+        bvals.back()[i] = value_of(me, static_cast<std::size_t>(backprop_key(k)), i);
+      bouts.emplace_back(bvals.back().size(), 0.f);
+      kv.init(backprop_key(k), std::span<const float>(bvals.back()));
+    }
 
   for (int rep = 0; rep < cfg.reps; ++rep) {
     for (std::size_t s = 0; s < cfg.sizes.size(); ++s) {
@@ -464,6 +531,67 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
       const double ops = double(cfg.n("many_4096", cfg.many_rounds)) * double(cfg.many_keys);
       report({"many_4096", rep, ops, ops * 4096.0, secs(a, b)});
     }
+    // Growth: N single-float keys in one call each; every key is inited once, in the first
+    // repetition.
+    for (std::size_t g = 0; g < growth.size(); ++g) {
+      const std::size_t N = cfg.growth_keys[g];
+      auto& c = growth[g];
+      const std::span<const kvstore::key> ks(c.keys);
+      bar.wait();
+      if (c.on && rep == 0) {
+        auto a = mark();
+        kv.init(ks, std::span<const std::span<const float>>(c.in));
+        auto b = clk::now();
+        if (cfg.want(growth_name("init", N)))
+          report({growth_name("init", N), rep, double(N), double(N) * 4.0, secs(a, b)});
+      }
+      bar.wait();
+      if (c.on && cfg.want(growth_name("push", N))) {
+        auto a = mark();
+        kv.push(ks, std::span<const std::span<const float>>(c.in)).wait();
+        auto b = clk::now();
+        report({growth_name("push", N), rep, double(N), double(N) * 4.0, secs(a, b)});
+      }
+      bar.wait();
+      if (c.on && cfg.want(growth_name("pull", N))) {
+        std::fill(c.outs.begin(), c.outs.end(), -1.f);
+        auto a = mark();
+        kv.pull(ks, std::span<const std::span<float>>(c.out)).wait();
+        auto b = clk::now();
+        report({growth_name("pull", N), rep, double(N), double(N) * 4.0, secs(a, b)});
+        for (std::size_t i = 0; i < N; ++i) {
+          // After a push every key holds the workers' sum; without one, rank 0's value.
+          const float want =
+              cfg.want(growth_name("push", N)) ? expected_sum(W, i, 0) : value_of(0, i, 0);
+          if (c.outs[i] != want) {
+            std::fprintf(stderr,
+                         "kv_bench worker %d: pull of %zu keys: key %zu is %g, expected %g\n", me,
+                         N, i, c.outs[i], want);
+            ++errors;
+            break;
+          }
+        }
+      }
+    }
+    // A backprop step: each key pushed by its own call, then each pulled.
+    {
+      bar.wait();
+      const int steps = cfg.n("backprop", cfg.backprop_steps);
+      auto a = mark();
+      for (int st = 0; st < steps; ++st) {
+        for (std::size_t k = 0; k < bvals.size(); ++k)
+          kv.push(backprop_key(k), std::span<const float>(bvals[k]));
+        kv.wait_all();
+        for (std::size_t k = 0; k < bvals.size(); ++k)
+          kv.pull(backprop_key(k), std::span<float>(bouts[k]));
+        kv.wait_all();
+      }
+      auto b = clk::now();
+      report({"backprop_" + std::to_string(cfg.backprop_keys), rep, double(steps),
+              double(steps) * 2.0 * double(backprop_bytes(cfg.backprop_keys)), secs(a, b)});
+      for (std::size_t k = 0; steps && k < bouts.size(); k += 7)
+        check(bouts[k], static_cast<std::size_t>(backprop_key(k)), "pull of a backprop key");
+    }
   }
   // The many keys' values, checked once.
   std::vector<float> got(small);
@@ -478,9 +606,10 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
 
 // ---- raw Asio TCP baseline -----------------------------------------------------------------
 
-// 16-byte header: op (u32: 1 push, 2 pull, 3 ping), pad (u32), len (u64). Push: len payload
-// bytes follow, answered by a 16-byte ack. Pull: answered by a header and len bytes. Ping: len
-// bytes follow and come back.
+// 16-byte header: op (u32: 1 push, 2 pull, 3 ping, 4 pull by keys), pad (u32), len (u64). Push:
+// len payload bytes follow, answered by a 16-byte ack. Pull: answered by a header and len bytes.
+// Ping: len bytes follow and come back. Pull by keys: len bytes (8-byte keys) follow, answered by
+// a header and len / 2 bytes (a float per key).
 struct bhdr {
   std::uint32_t op = 0, pad = 0;
   std::uint64_t len = 0;
@@ -555,6 +684,8 @@ class base_session : public std::enable_shared_from_this<base_session> {
     in_payload_ = false;
     if (cur_.op == 3)
       queue(cur_, store_.data(), cur_.len);  // ping: echo
+    else if (cur_.op == 4)
+      queue(bhdr{4, 0, cur_.len / 2}, store_.data(), cur_.len / 2);  // a float per key asked
     else
       queue(bhdr{1, 0, 0}, nullptr, 0);  // push: ack
   }
@@ -660,7 +791,9 @@ class base_client {
         wbufs[static_cast<std::size_t>(p.server)].emplace_back(&h.back(), sizeof(bhdr));
         if (op != 2 && p.bytes)
           wbufs[static_cast<std::size_t>(p.server)].emplace_back(send_.data(), p.bytes);
-        expect[static_cast<std::size_t>(p.server)] += sizeof(bhdr) + (op == 1 ? 0 : p.bytes);
+        expect[static_cast<std::size_t>(p.server)] += sizeof(bhdr) + (op == 1   ? 0
+                                                                      : op == 4 ? p.bytes / 2
+                                                                                : p.bytes);
       }
     // The answers of one server land in recv_ (pull payloads overwrite each other: a sink, as a
     // worker's output buffer is).
@@ -706,11 +839,33 @@ std::vector<base_client::part> parts_of(std::uint64_t id, std::size_t bytes, int
   return p;
 }
 
-int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& ports, int S,
-                pipe_barrier bar) {
+// The growth case's baseline parts: per server, `per_key` bytes for each of its keys.
+std::vector<base_client::part> growth_parts(std::size_t g, std::size_t n, int S,
+                                            std::size_t per_key) {
+  std::vector<std::size_t> bytes(static_cast<std::size_t>(S), 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto home = kvstore::detail::partition(static_cast<std::uint64_t>(growth_key(g, i)), 1, 0,
+                                                 sizeof(float), S, 1 << 20);
+    bytes[static_cast<std::size_t>(home.front().server)] += per_key;
+  }
+  std::vector<base_client::part> p;
+  for (int s = 0; s < S; ++s)
+    if (bytes[static_cast<std::size_t>(s)]) p.push_back({s, bytes[static_cast<std::size_t>(s)]});
+  return p;
+}
+
+// The most bytes one baseline message carries: the biggest size, or a growth case's keys and
+// values (12 bytes a key).
+std::size_t baseline_bytes(const config& cfg) {
   std::size_t max_bytes = 0;
   for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
-  base_client cl(ports, max_bytes);
+  for (auto n : cfg.growth_keys) max_bytes = std::max(max_bytes, 12 * n);
+  return max_bytes;
+}
+
+int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& ports, int S,
+                pipe_barrier bar) {
+  base_client cl(ports, baseline_bytes(cfg));
   auto report = [&](const sample& s) {
     if (s.ops > 0) write_all(out, fmt_sample(with_usage(s)));
   };
@@ -763,6 +918,44 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
       const double ops = double(cfg.n("many_4096", cfg.many_rounds)) * double(cfg.many_keys);
       report({"many_4096", rep, ops, ops * 4096.0, secs(a, b)});
     }
+    // Growth: the keys of one call in one message per server: an 8-byte key and a 4-byte value
+    // each (init, push; acknowledged), or the keys asked and a float each answered (pull).
+    for (std::size_t g = 0; g < cfg.growth_keys.size(); ++g) {
+      const std::size_t N = cfg.growth_keys[g];
+      const auto push = growth_parts(g, N, S, 12), pull = growth_parts(g, N, S, 8);
+      auto timed = [&](const char* what, std::uint32_t op, const std::vector<base_client::part>& p,
+                       bool first_rep_only) {
+        bar.wait();
+        if (!cfg.want(growth_name(what, N)) || (first_rep_only && rep != 0)) return;
+        auto a = mark();
+        cl.batch(op, p, 1);
+        auto b = clk::now();
+        report({growth_name(what, N), rep, double(N), double(N) * 4.0, secs(a, b)});
+      };
+      timed("init", 1, push, true);
+      timed("push", 1, push, false);
+      timed("pull", 4, pull, false);
+    }
+    // The backprop step: every key's message to its server back to back, the acks; then every
+    // key's pull.
+    {
+      std::vector<base_client::part> parts;
+      for (std::size_t k = 0; k < cfg.backprop_keys; ++k) {
+        auto p = parts_of(static_cast<std::uint64_t>(backprop_key(k)),
+                          backprop_floats(k) * sizeof(float), S);
+        parts.insert(parts.end(), p.begin(), p.end());
+      }
+      bar.wait();
+      const int steps = cfg.n("backprop", cfg.backprop_steps);
+      auto a = mark();
+      for (int st = 0; st < steps; ++st) {
+        cl.batch(1, parts, 1);
+        cl.batch(2, parts, 1);
+      }
+      auto b = clk::now();
+      report({"backprop_" + std::to_string(cfg.backprop_keys), rep, double(steps),
+              double(steps) * 2.0 * double(backprop_bytes(cfg.backprop_keys)), secs(a, b)});
+    }
   }
   return 0;
 }
@@ -772,8 +965,7 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
 // kvstore servers run inside the W workers (S == W), no server process starts.
 bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
                std::vector<sample>& base_out, bool with_kv, bool with_raw, bool colocated = false) {
-  std::size_t max_bytes = 0;
-  for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
+  const std::size_t max_bytes = baseline_bytes(cfg);
   auto o = cluster_options(W, S);
   o.colocated = colocated;
   if (with_kv) {
@@ -962,6 +1154,7 @@ struct result {
   std::string unit;
   double baseline;
   double ratio;
+  std::string table;  // the printed table it belongs to ("1x1", "1x1 growth", "conversion")
 };
 
 std::string human(std::size_t b) {
@@ -1065,7 +1258,7 @@ std::vector<result> conversion_bench(std::size_t n, int reps) {
     std::printf("  %-18s %-32s %10.2f %10.3f %10.2f\n", o.name, o.what, gbps, t / double(n) * 1e9,
                 t / base);
     out.push_back({std::string("convert_") + o.name + "_GBps", gbps, "GB/s",
-                   double(n) * sizeof(float) / base / 1e9, base / t});
+                   double(n) * sizeof(float) / base / 1e9, base / t, "conversion"});
   }
   // Something of every output is read, so no loop is optimized away.
   volatile float sink =
@@ -1074,6 +1267,75 @@ std::vector<result> conversion_bench(std::size_t n, int reps) {
   (void)sink;
   std::fflush(stdout);
   return out;
+}
+
+// The growth table of one setup: per N, the time of one multi-key call per key (the call's time
+// / N, the slowest worker's) for init, push and pull, next to the raw baseline's, then how much
+// the per-key time grew from the smallest N to the largest. `figs` gets "<setup>keys_<what>_<N>"
+// (us per key) and "<setup>keys_<what>_growth" for the targets.
+void growth_table(const config& cfg, const std::string& cl, int W, const std::vector<sample>& kvs,
+                  const std::vector<sample>& base, std::vector<result>& results,
+                  std::map<std::string, figure>& figs) {
+  auto us = [&](const figure& f) { return f.present && f.ops_s > 0 ? 1e6 * W / f.ops_s : -1.0; };
+  bool any = false;
+  for (auto n : cfg.growth_keys)
+    for (const char* w : {"init", "push", "pull"})
+      any = any || aggregate(kvs, growth_name(w, n)).present;
+  if (!any) return;
+  std::printf(
+      "\n  %s growth: N single-float keys in one init / push / pull call; us per key = the call's\n"
+      "  time / N (init: once, the first repetition). raw TCP: one message per server, 12 B a key\n"
+      "  (init, push; acknowledged), or 8 B a key asked and 4 B answered (pull)\n",
+      cl.c_str());
+  std::printf("  %9s | %9s %9s %9s | %9s %9s %9s | %7s %7s %7s\n", "keys", "init", "push", "pull",
+              "raw init", "raw push", "raw pull", "x init", "x push", "x pull");
+  std::map<std::string, std::pair<double, double>> first_last;  // per call: smallest N, largest N
+  for (auto n : cfg.growth_keys) {
+    double k[3], b[3];
+    int i = 0;
+    for (const char* w : {"init", "push", "pull"}) {
+      const std::string name = growth_name(w, n);
+      k[i] = us(aggregate(kvs, name));
+      b[i] = us(aggregate(base, name));
+      if (k[i] > 0) {
+        results.push_back({"kv_" + cl + "_" + name + "_us_per_key", k[i], "us",
+                           b[i] > 0 ? b[i] : -1, b[i] > 0 ? b[i] / k[i] : -1, cl + " growth"});
+        figs[cl + name] = figure{};
+        figs[cl + name].ops_s = k[i];  // us per key, read back by the targets
+        figs[cl + name].present = true;
+        auto& fl = first_last.try_emplace(w, k[i], k[i]).first->second;
+        fl.second = k[i];
+      }
+      ++i;
+    }
+    auto cell = [](double v) {
+      static char buf[4][32];
+      static int at = 0;
+      char* p = buf[at++ % 4];
+      if (v > 0)
+        std::snprintf(p, 32, "%9.3f", v);
+      else
+        std::snprintf(p, 32, "%9s", "-");
+      return p;
+    };
+    std::printf("  %9zu | %s %s %s |", n, cell(k[0]), cell(k[1]), cell(k[2]));
+    std::printf(" %s %s %s |", cell(b[0]), cell(b[1]), cell(b[2]));
+    for (int j = 0; j < 3; ++j)
+      if (k[j] > 0 && b[j] > 0)
+        std::printf(" %7.3f", b[j] / k[j]);
+      else
+        std::printf(" %7s", "-");
+    std::printf("\n");
+  }
+  std::printf("  per-key time at the largest N / at the smallest:");
+  for (auto& [w, fl] : first_last) {
+    const double g = fl.second / fl.first;
+    std::printf(" %s %.2f", w.c_str(), g);
+    results.push_back({"kv_" + cl + "_keys_" + w + "_growth", g, "x", -1, -1, cl + " growth"});
+    figs[cl + "keys_" + w + "_growth"].ops_s = g;
+    figs[cl + "keys_" + w + "_growth"].present = true;
+  }
+  std::printf(" (x = raw us / kv us: above 1, kvstore is faster)\n");
 }
 
 }  // namespace
@@ -1168,15 +1430,15 @@ int main(int argc, char** argv) {
           b.present ? human_bytes(b.wire_op).c_str() : "-");
       const bool big = name.rfind("push_", 0) == 0 || name.rfind("pull_", 0) == 0;
       if (big) {
-        results.push_back(
-            {"kv_" + cl + "_" + name + "_GBps", k.gb_s, "GB/s", b.present ? b.gb_s : -1, ratio});
+        results.push_back({"kv_" + cl + "_" + name + "_GBps", k.gb_s, "GB/s",
+                           b.present ? b.gb_s : -1, ratio, cl});
         // Bytes on the wire per op, next to the raw baseline's for the same (plain) payload.
         results.push_back({"kv_" + cl + "_" + name + "_wire_bytes", k.wire_op, "B",
                            b.present ? b.wire_op : -1,
-                           b.present && b.wire_op > 0 ? k.wire_op / b.wire_op : -1});
+                           b.present && b.wire_op > 0 ? k.wire_op / b.wire_op : -1, cl});
       }
-      results.push_back(
-          {"kv_" + cl + "_" + name + "_ops", k.ops_s, "ops/s", b.present ? b.ops_s : -1, ratio});
+      results.push_back({"kv_" + cl + "_" + name + "_ops", k.ops_s, "ops/s",
+                         b.present ? b.ops_s : -1, ratio, cl});
       target_figs[cl + name] = k;
       target_figs[cl + name + "#base"] = b;
     };
@@ -1197,15 +1459,20 @@ int main(int argc, char** argv) {
     row("pushwait_4096", "4 KiB", "push+wait", "pushwait_4096");
     row("many_4096", "4 KiB", "push " + std::to_string(cfg.many_keys) + " keys, wait_all",
         "many_4096");
+    row("backprop_" + std::to_string(cfg.backprop_keys), "64B-16K",
+        "step: " + std::to_string(cfg.backprop_keys) + " pushes, " +
+            std::to_string(cfg.backprop_keys) + " pulls",
+        "backprop_" + std::to_string(cfg.backprop_keys));
     figure pp = aggregate(base, "pingpong_64");
     if (pp.present) {
       std::printf(
           "  %-8s %-26s %12s %8s %12.0f %8s %6s | %8s %8.1f %6s %6.2f  (%.1f us round trip)\n",
           "64 B", "raw ping-pong (reference)", "-", "-", pp.ops_s, "-", "-", "-", pp.cpu_us_op, "-",
           pp.csw_op, 1e6 / pp.ops_s * st.W);
-      results.push_back({"raw_" + cl + "_pingpong_64_ops", pp.ops_s, "ops/s", -1, -1});
+      results.push_back({"raw_" + cl + "_pingpong_64_ops", pp.ops_s, "ops/s", -1, -1, cl});
       target_figs[cl + "pingpong"] = pp;
     }
+    growth_table(cfg, cl, st.W, kvs, base, results, target_figs);
     std::fflush(stdout);
   }
 
@@ -1243,6 +1510,22 @@ int main(int argc, char** argv) {
     judge("4 KiB push+wait vs raw 4 KiB push+ack", o("1x1pushwait_4096"),
           o("1x1pushwait_4096#base"), 0.8, "ops/s");
     judge("4 KiB pushes, 1000 keys in flight", o("1x1many_4096"), -1, 100000, "ops/s");
+    // Growth (issue 12): per-key time of one multi-key call, and how it grows with N.
+    auto at_most = [&](const std::string& what, const std::string& fig, double want,
+                       const char* unit) {
+      if (!target_figs.count(fig) || !target_figs[fig].present)
+        return std::printf("  %-44s not measured in this run\n", what.c_str()), void();
+      const double v = target_figs[fig].ops_s;
+      std::printf("  %-44s %.4g %s, want < %.4g: %s\n", what.c_str(), v, unit, want,
+                  v < want ? "met" : "NOT met");
+    };
+    for (const char* w : {"push", "pull"})
+      for (std::size_t n : {std::size_t{100000}, std::size_t{1000000}})
+        at_most(std::string("multi-key ") + w + " of " + std::to_string(n) + " keys, per key",
+                "1x1" + growth_name(w, n), 0.1, "us");
+    for (const char* w : {"init", "push", "pull"})
+      at_most(std::string("multi-key ") + w + ": per-key time, 1e6 / 1e3 keys",
+              std::string("1x1keys_") + w + "_growth", 1.5, "x");
   }
 
   if (!json.empty()) {
@@ -1254,13 +1537,14 @@ int main(int argc, char** argv) {
       if (r.baseline >= 0)
         std::snprintf(buf, sizeof buf,
                       "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": %.6g, "
-                      "\"ratio\": %.4f}",
-                      r.name.c_str(), r.value, r.unit.c_str(), r.baseline, r.ratio);
+                      "\"ratio\": %.4f, \"table\": \"%s\"}",
+                      r.name.c_str(), r.value, r.unit.c_str(), r.baseline, r.ratio,
+                      r.table.c_str());
       else
         std::snprintf(buf, sizeof buf,
                       "  {\"name\": \"%s\", \"value\": %.6g, \"unit\": \"%s\", \"baseline\": null, "
-                      "\"ratio\": null}",
-                      r.name.c_str(), r.value, r.unit.c_str());
+                      "\"ratio\": null, \"table\": \"%s\"}",
+                      r.name.c_str(), r.value, r.unit.c_str(), r.table.c_str());
       f << buf << (i + 1 < results.size() ? ",\n" : "\n");
     }
     f << "]\n";
