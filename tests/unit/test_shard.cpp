@@ -389,7 +389,7 @@ TEST_CASE("async: each push is applied on arrival, one optimizer step per push" 
   CHECK(f.pull(3, 4) == std::vector<float>{5 - 0.5f * 2, 6 - 0.5f * 2, 7 - 0.5f * 4, 8 - 0.5f * 4});
   CHECK(f.sh.slices().at(3).st_f.step == 1);
   CHECK(f.sh.slices().at(3).parts.empty());
-  CHECK(f.sh.slices().at(3).applied.at(1) == 7);
+  CHECK(f.sh.slices().at(3).applied.get(1) == 7);
 }
 
 TEST_CASE("sgd with momentum and adam on a sync round, values by hand" * doctest::timeout(10)) {
@@ -1461,7 +1461,7 @@ TEST_CASE("compressed requests that do not fit their encoding: errors, and nothi
         errc::invalid_argument);  // 2-bit compresses pushes only
   CHECK(f.got(0).empty());
   CHECK(f.sh.slices().at(1).round_done.empty());
-  CHECK(f.sh.slices().at(1).cov.ranges().empty());
+  CHECK(f.sh.slices().at(1).cov.empty());
   CHECK(f.pull(1, 8, 2) == before);
   // And the shard serves on.
   push_encoded(f, 0, 1, wire::encoding::bf16, encoded16(wire::encoding::bf16, {1, 1, 1, 1}), 2, 8);

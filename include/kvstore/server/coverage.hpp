@@ -6,22 +6,74 @@
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <utility>
 
 namespace kvstore::detail {
 
 /// Element ranges [begin, end) written so far in a sync round (relative to the slice), merged.
+/// Nearly every round writes one range (a whole value, or frames that follow each other): that
+/// one is held inline, so a round allocates nothing; a second range apart from it moves both to
+/// a map.
 class coverage {
  public:
   /// Calls copy(b, e) for the parts of [a, b) not yet written, add(b, e) for the parts already
-  /// written, then marks [a, b) written.
+  /// written, in increasing order, then marks [a, b) written.
   template <class Copy, class Add>
   void contribute(std::uint64_t a, std::uint64_t b, Copy&& copy, Add&& add) {
+    if (spilled_.empty()) {
+      if (!has_one_) {
+        if (a < b) copy(a, b);
+        one_ = {a, b};
+        has_one_ = true;
+        return;
+      }
+      if (a <= one_.second && b >= one_.first) {  // touches or overlaps the one range
+        const std::uint64_t lo = std::max(a, one_.first), hi = std::min(b, one_.second);
+        if (a < one_.first) copy(a, one_.first);
+        if (lo < hi) add(lo, hi);
+        if (b > one_.second) copy(std::max(a, one_.second), b);
+        one_ = {std::min(a, one_.first), std::max(b, one_.second)};
+        return;
+      }
+      spilled_.emplace(one_.first, one_.second);
+      has_one_ = false;
+    }
+    contribute_spilled(a, b, copy, add);
+  }
+
+  /// True when no written range overlaps [a, b).
+  bool disjoint(std::uint64_t a, std::uint64_t b) const {
+    if (spilled_.empty()) return !has_one_ || b <= one_.first || a >= one_.second;
+    auto it = spilled_.upper_bound(a);
+    if (it != spilled_.begin() && std::prev(it)->second > a) return false;
+    return it == spilled_.end() || it->first >= b;
+  }
+
+  /// Calls f(b, e) for each written range, in increasing order.
+  template <class F>
+  void for_each(F&& f) const {
+    if (has_one_) return f(one_.first, one_.second);
+    for (auto [b, e] : spilled_) f(b, e);
+  }
+  /// True when the round wrote exactly [0, n).
+  bool whole(std::uint64_t n) const noexcept {
+    return has_one_ && one_.first == 0 && one_.second == n;
+  }
+  void clear() noexcept {
+    has_one_ = false;
+    if (!spilled_.empty()) spilled_.clear();
+  }
+  bool empty() const noexcept { return !has_one_ && spilled_.empty(); }
+
+ private:
+  template <class Copy, class Add>
+  void contribute_spilled(std::uint64_t a, std::uint64_t b, Copy& copy, Add& add) {
     std::uint64_t pos = a;
-    auto it = ranges_.upper_bound(a);
-    if (it != ranges_.begin()) --it;
+    auto it = spilled_.upper_bound(a);
+    if (it != spilled_.begin()) --it;
     while (pos < b) {
-      while (it != ranges_.end() && it->second <= pos) ++it;
-      if (it == ranges_.end() || it->first >= b) {
+      while (it != spilled_.end() && it->second <= pos) ++it;
+      if (it == spilled_.end() || it->first >= b) {
         copy(pos, b);
         break;
       }
@@ -34,8 +86,8 @@ class coverage {
       pos = e;
     }
     std::uint64_t na = a, nb = b;
-    auto j = ranges_.upper_bound(a);
-    if (j != ranges_.begin()) {
+    auto j = spilled_.upper_bound(a);
+    if (j != spilled_.begin()) {
       auto p = std::prev(j);
       if (p->second >= a) {
         na = p->first;
@@ -43,24 +95,16 @@ class coverage {
         j = p;
       }
     }
-    while (j != ranges_.end() && j->first <= nb) {
+    while (j != spilled_.end() && j->first <= nb) {
       nb = std::max(nb, j->second);
-      j = ranges_.erase(j);
+      j = spilled_.erase(j);
     }
-    ranges_[na] = nb;
+    spilled_[na] = nb;
   }
-  /// True when no written range overlaps [a, b).
-  bool disjoint(std::uint64_t a, std::uint64_t b) const {
-    auto it = ranges_.upper_bound(a);
-    if (it != ranges_.begin() && std::prev(it)->second > a) return false;
-    return it == ranges_.end() || it->first >= b;
-  }
-  const std::map<std::uint64_t, std::uint64_t>& ranges() const noexcept { return ranges_; }
-  void clear() noexcept { ranges_.clear(); }
-  bool empty() const noexcept { return ranges_.empty(); }
 
- private:
-  std::map<std::uint64_t, std::uint64_t> ranges_;
+  bool has_one_ = false;
+  std::pair<std::uint64_t, std::uint64_t> one_{0, 0};  // the only range, while has_one_
+  std::map<std::uint64_t, std::uint64_t> spilled_;     // else all of them
 };
 
 }  // namespace kvstore::detail

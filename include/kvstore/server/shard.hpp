@@ -577,7 +577,7 @@ class shard {
 
   /// Worker `rank` pushes no more: rounds waiting only for it complete. False if it had left.
   bool worker_left(int rank) {
-    if (rank < 0 || !left_.insert(rank).second) return false;
+    if (rank < 0 || !left_.insert(rank)) return false;
     for (auto& [k, s] : slices_)
       if (!s.round_waiters.empty()) maybe_complete(s);
     release_all_held();  // it no longer holds faster workers back
@@ -873,7 +873,7 @@ class shard {
   }
 
   void end_round_push(slice& s, int rank, const Port& from, const wire::header& h) {
-    s.round_seq[rank] = h.aux;
+    s.round_seq.set(rank, h.aux);
     s.round_done.insert(rank);
     s.round_waiters.push_back({from, h.req_id});
     if (!dead_.empty()) check_dead(s);
@@ -884,7 +884,7 @@ class shard {
   void end_async_frame(slice& s, int rank, const Port& from, const wire::header& h) {
     if (!(h.flags & wire::flag_last)) return;
     s.parts.erase(rank);
-    if (h.aux) s.applied[rank] = h.aux;
+    if (h.aux) s.applied.set(rank, h.aux);
     ++s.round;  // the slice's version in dist_async: pushes applied (exactly once each)
     changed();  // a snapshot due now is written before the answer: an answered push is kept
     from.reply(h.req_id, errc::ok, {});
@@ -932,22 +932,20 @@ class shard {
     if (!round_complete(s)) return;
     with_dtype(s.type, [&]<class T>() {
       auto& upd = updater<T>();
-      const auto& ranges = s.cov.ranges();
-      if (!upd && ranges.size() == 1 && ranges.begin()->first == 0 &&
-          ranges.begin()->second == s.size() && s.value.use_count() == 1) {
+      if (!upd && s.cov.whole(s.size()) && s.value.use_count() == 1) {
         s.value->swap(s.merge);  // the old value becomes the next merge buffer: no copy
       } else {
         bool first = true;
-        for (auto [b, e] : ranges) {
+        s.cov.for_each([&](std::uint64_t b, std::uint64_t e) {
           apply_range<T>(s, reinterpret_cast<const T*>(s.merge.data()) + b, b, e - b, first);
           first = false;
-        }
+        });
       }
     });
     s.cov.clear();
     s.round_done.clear();
-    for (auto [r, q] : s.round_seq)
-      if (q) s.applied[r] = std::max(s.applied[r], q);
+    s.round_seq.for_each(
+        [&](int r, std::uint64_t q) { s.applied.set(r, std::max(s.applied.get(r), q)); });
     s.round_seq.clear();
     ++s.round;
     changed();
@@ -961,10 +959,7 @@ class shard {
   // How many pushes of the slice's key worker `rank` had applied here: its last push number
   // (workers number their pushes of a key 1, 2, ... and send each to every slice of the key, and
   // a re-sent push is never applied twice, so this is a count that survives a restart).
-  static std::uint64_t pushes_of(const slice& s, int rank) {
-    auto it = s.applied.find(rank);
-    return it == s.applied.end() ? 0 : it->second;
-  }
+  static std::uint64_t pushes_of(const slice& s, int rank) { return s.applied.get(rank); }
 
   // A worker of the group (not left, not dead) that worker `rank` is more than staleness
   // pushes of this slice ahead of, if any. Only dist_async has a bound: in dist_sync a push is
@@ -1038,10 +1033,13 @@ class shard {
   }
 
   void check_dead(slice& s) {
-    for (int r : dead_)
-      if (!left_.count(r))
-        return fail_round(s, "worker " + std::to_string(r) + " (node " +
-                                 std::to_string(worker_id(r)) + ") is dead");
+    int dead = -1;
+    dead_.for_each([&](int r) {
+      if (dead < 0 && !left_.count(r)) dead = r;
+    });
+    if (dead >= 0)
+      fail_round(s, "worker " + std::to_string(dead) + " (node " + std::to_string(worker_id(dead)) +
+                        ") is dead");
   }
 
   void fail_round(slice& s, const std::string& why) {
@@ -1063,7 +1061,7 @@ class shard {
   optim::updater<float> upd_f_;
   optim::updater<double> upd_d_;
   std::string opt_name_, opt_params_;
-  std::set<int> left_, dead_;
+  rank_set left_, dead_;
   bytes scratch_;          // a compressed async push's frame, decoded (at most a slice's bytes)
   held_pulls<Port> held_;  // pulls waiting for a version or slower workers
 };

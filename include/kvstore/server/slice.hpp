@@ -6,6 +6,7 @@
 
 #include <kvstore/optim/all.hpp>
 #include <kvstore/server/coverage.hpp>
+#include <kvstore/server/ranks.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/snapshot.hpp>
 
@@ -13,7 +14,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <set>
 #include <type_traits>
 #include <vector>
 
@@ -28,12 +28,17 @@ decltype(auto) with_dtype(wire::dtype t, F&& f) {
 
 using bytes = std::vector<std::byte>;
 
+/// No batched request (server/batch.hpp).
+inline constexpr std::uint32_t no_batch = ~std::uint32_t{0};
+
 /// Where an answer goes: the asker (`Port`, see server/shard.hpp; it may be gone) and its
-/// request id.
+/// request id; or, for a key of a batched request, that request's countdown (`batch`), which
+/// answers once all its keys are done.
 template <class Port>
 struct reply_to {
   Port port;
   std::uint64_t req_id = 0;
+  std::uint32_t batch = no_batch;
 };
 
 /// One key's slice on this server.
@@ -44,19 +49,22 @@ struct key_slice : wire::slice_header {
   // cache, so answering (which reads the slice) may set it.
   mutable std::shared_ptr<bytes> encoded;
   bool inited = false;
-  bool restored = false;    // loaded from a snapshot: re-sent inits are acknowledged
-  std::set<int> init_done;  // workers whose init arrived
+  bool restored = false;  // loaded from a snapshot: re-sent inits are acknowledged
+  rank_set init_done;     // workers whose init arrived
   std::vector<reply_to<Port>> init_waiters;
+  // The batched frame that named this slice last (server/batch.hpp: a key named twice in one
+  // frame is refused before anything changes).
+  std::uint64_t batch_stamp = 0;
 
   // The sync round being gathered.
   bytes merge;
   coverage cov;
-  std::set<int> round_done;
+  rank_set round_done;
   std::vector<reply_to<Port>> round_waiters;
   // Exactly-once pushes across a server restart: per worker, the sequence number of its last
   // push applied (kept in snapshots), and of its push in the round being gathered.
-  std::map<int, std::uint64_t> applied;
-  std::map<int, std::uint64_t> round_seq;
+  rank_values applied;
+  rank_values round_seq;
   // dist_async applies a push sent in several frames frame by frame. Per worker, the push in
   // progress: its sequence number, how many of its frames were applied (kept in snapshots) and
   // how many arrived on the worker's current connection. After a restart from a snapshot taken
@@ -85,11 +93,7 @@ struct key_slice : wire::slice_header {
   }
 
   /// A re-sent push this slice already applied (sequence 0: not numbered, never a duplicate).
-  bool duplicate(int rank, std::uint64_t seq) const {
-    if (seq == 0) return false;
-    auto it = applied.find(rank);
-    return it != applied.end() && it->second >= seq;
-  }
+  bool duplicate(int rank, std::uint64_t seq) const { return seq != 0 && applied.get(rank) >= seq; }
 
   optim::state<float> st_f;
   optim::state<double> st_d;

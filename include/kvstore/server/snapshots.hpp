@@ -31,7 +31,7 @@ shard_snapshot take_snapshot(const shard<Port>& sh, int rank) {
     if (!sl.inited) continue;
     slice_snapshot x;
     static_cast<slice_header&>(x) = sl;
-    x.applied.assign(sl.applied.begin(), sl.applied.end());
+    sl.applied.for_each([&](int r, std::uint64_t last) { x.applied.emplace_back(r, last); });
     for (auto& [r, p] : sl.parts) x.parts.push_back({r, p.seq, p.applied});
     x.lr_mult = sl.mult.lr;
     x.wd_mult = sl.mult.wd;
@@ -66,7 +66,9 @@ void restore_snapshot(shard<Port>& sh, const shard_snapshot& snap, int num_worke
   for (auto& x : snap.slices) {
     auto& sl = restored[x.key];
     static_cast<slice_header&>(sl) = x;
-    sl.applied.insert(x.applied.begin(), x.applied.end());
+    // Ranks of this job only: a snapshot of a larger job names workers that cannot push here.
+    for (auto [r, last] : x.applied)
+      if (r >= 0 && r < num_workers && !sl.applied.get(r)) sl.applied.set(r, last);
     if (!sh.config().sync && sl.round == 0) sl.round = async_version_of(x);
     for (auto& p : x.parts) sl.parts[p.rank] = {p.seq, p.frames, 0};
     sl.mult = {x.lr_mult, x.wd_mult};

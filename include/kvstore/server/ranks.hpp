@@ -1,0 +1,91 @@
+// Per-worker bookkeeping of a shard, flat: a set of worker ranks as a bitmap, and a number per
+// rank in a vector indexed by rank. Every key slice keeps several of them and touches them on
+// every push, so they allocate nothing per entry (a std::set or std::map allocates a node per
+// insert, once per key per round). Ranks are those of the job's workers: small, never negative.
+#pragma once
+
+#include <algorithm>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvstore::detail {
+
+/// A set of worker ranks: one word for ranks 0-63, a word more per 64 beyond.
+class rank_set {
+ public:
+  /// 1 when `r` is in the set, else 0 (as std::set::count).
+  std::size_t count(int r) const noexcept {
+    if (r < 0) return 0;
+    const auto w = static_cast<std::size_t>(r) / 64;
+    const std::uint64_t word = w == 0 ? low_ : w - 1 < high_.size() ? high_[w - 1] : 0;
+    return (word >> (static_cast<unsigned>(r) % 64)) & 1u;
+  }
+  /// Adds `r` (not negative); true when it was not in the set.
+  bool insert(int r) {
+    const auto w = static_cast<std::size_t>(r) / 64;
+    std::uint64_t* word = &low_;
+    if (w) {
+      if (high_.size() < w) high_.resize(w, 0);
+      word = &high_[w - 1];
+    }
+    const std::uint64_t bit = std::uint64_t{1} << (static_cast<unsigned>(r) % 64);
+    const bool fresh = !(*word & bit);
+    *word |= bit;
+    return fresh;
+  }
+  void clear() noexcept {
+    low_ = 0;
+    std::fill(high_.begin(), high_.end(), 0);
+  }
+  bool empty() const noexcept {
+    return low_ == 0 && std::all_of(high_.begin(), high_.end(), [](auto w) { return w == 0; });
+  }
+  std::size_t size() const noexcept {
+    std::size_t n = static_cast<std::size_t>(std::popcount(low_));
+    for (auto w : high_) n += static_cast<std::size_t>(std::popcount(w));
+    return n;
+  }
+  /// Calls f(rank) for each rank in the set, in increasing order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t w = 0; w <= high_.size(); ++w)
+      for (std::uint64_t word = w == 0 ? low_ : high_[w - 1]; word; word &= word - 1)
+        f(static_cast<int>(w * 64 + static_cast<std::size_t>(std::countr_zero(word))));
+  }
+
+ private:
+  std::uint64_t low_ = 0;
+  std::vector<std::uint64_t> high_;  // ranks 64 and up
+};
+
+/// A number per worker rank; 0 is "none". The vector grows to the highest rank set and keeps
+/// its capacity when cleared.
+class rank_values {
+ public:
+  std::uint64_t get(int r) const noexcept {
+    return r >= 0 && static_cast<std::size_t>(r) < v_.size() ? v_[static_cast<std::size_t>(r)] : 0;
+  }
+  /// Sets rank `r`'s number (r not negative).
+  void set(int r, std::uint64_t x) {
+    const auto i = static_cast<std::size_t>(r);
+    if (i >= v_.size()) {
+      if (x == 0) return;
+      v_.resize(i + 1, 0);
+    }
+    v_[i] = x;
+  }
+  void clear() noexcept { std::fill(v_.begin(), v_.end(), 0); }
+  /// Calls f(rank, number) for each rank with a number, in increasing order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t i = 0; i < v_.size(); ++i)
+      if (v_[i]) f(static_cast<int>(i), v_[i]);
+  }
+
+ private:
+  std::vector<std::uint64_t> v_;
+};
+
+}  // namespace kvstore::detail
