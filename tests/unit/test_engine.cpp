@@ -3,11 +3,15 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
 #include <future>
 #include <mutex>
+#include <random>
+#include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -173,4 +177,143 @@ TEST_CASE("op::then: the op's error reaches f and the new op; what f throws is i
   auto thrower = kvstore::op::done().then(
       [](std::exception_ptr) { throw kvstore::error(kvstore::errc::invalid_argument, "from f"); });
   CHECK_THROWS_WITH_AS(thrower.wait(), "from f", kvstore::error);
+}
+
+// ---- ops over many keys (batched multi-key calls), on slots the caller keeps
+// ---------------------
+
+using kvstore::detail::key_slot;
+
+TEST_CASE("ops over many keys and one-key ops: per-key issue order, never two on a key at once" *
+          doctest::timeout(60)) {
+  engine e(4);
+  constexpr int keys = 16, ops = 3000;
+  std::vector<key_slot> slots(keys);
+  std::vector<std::vector<int>> log(keys);      // per key: ops in the order they ran
+  std::vector<std::atomic<int>> holders(keys);  // ops running on the key now
+  std::mutex m;
+  std::atomic<bool> overlap{false};
+  auto st = std::make_shared<op_state>(ops);
+  std::vector<std::thread> finishers;
+  std::mt19937 rng(12);
+  for (int i = 0; i < ops; ++i) {
+    std::vector<int> ks;
+    if (i % 3 == 0) {  // a batched op over a random subset of keys
+      for (int k = 0; k < keys; ++k)
+        if (rng() % 3 == 0) ks.push_back(k);
+      if (ks.empty()) ks.push_back(static_cast<int>(rng() % keys));
+    } else {
+      ks.push_back(static_cast<int>(rng() % keys));
+    }
+    const bool later = i % 7 == 0;  // completes from another thread, after the task returned
+    auto task = [&, i, ks, later](engine::done_fn done) {
+      for (int k : ks)
+        if (holders[static_cast<std::size_t>(k)].fetch_add(1) != 0) overlap = true;
+      {
+        std::lock_guard lk(m);
+        for (int k : ks) log[static_cast<std::size_t>(k)].push_back(i);
+      }
+      auto finish = [&holders, ks, done] {
+        for (int k : ks) holders[static_cast<std::size_t>(k)].fetch_sub(1);
+        done(nullptr);
+      };
+      if (!later) return finish();
+      std::lock_guard lk(m);
+      finishers.emplace_back([finish] {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        finish();
+      });
+    };
+    if (ks.size() == 1 && i % 3) {
+      e.submit(slots[static_cast<std::size_t>(ks[0])], static_cast<int>(rng() % 3), task, st,
+               i % 2 == 0);
+    } else {
+      std::vector<key_slot*> ps;
+      for (int k : ks) ps.push_back(&slots[static_cast<std::size_t>(k)]);
+      e.submit(std::span<key_slot* const>(ps), static_cast<int>(rng() % 3), task, st, i % 2 == 0);
+    }
+  }
+  kvstore::op(st).wait();
+  {
+    std::lock_guard lk(m);
+    for (auto& t : finishers) t.join();
+  }
+  e.wait_all();
+  CHECK_FALSE(overlap.load());
+  std::size_t total = 0;
+  for (int k = 0; k < keys; ++k) {
+    const auto& l = log[static_cast<std::size_t>(k)];
+    total += l.size();
+    CHECK(std::is_sorted(l.begin(), l.end()));
+    CHECK(slots[static_cast<std::size_t>(k)].completed == l.size());
+    CHECK_FALSE(slots[static_cast<std::size_t>(k)].busy);
+  }
+  CHECK(total > static_cast<std::size_t>(ops));  // the batched ops ran on several keys each
+}
+
+TEST_CASE("an op over many keys waits for a key still held, and is ordered by priority" *
+          doctest::timeout(30)) {
+  engine e(1);
+  key_slot a, b, c, d;
+  std::vector<std::string> order;
+  std::mutex m;
+  auto log = [&](std::string s) {
+    return [&, s](engine::done_fn done) {
+      {
+        std::lock_guard lk(m);
+        order.push_back(s);
+      }
+      done(nullptr);
+    };
+  };
+  // Key a is held by an op that completes only when told.
+  engine::done_fn held;
+  std::promise<void> got;
+  auto st = std::make_shared<op_state>(4);
+  e.submit(
+      a, 0,
+      [&](engine::done_fn done) {
+        held = done;
+        got.set_value();
+      },
+      st);
+  got.get_future().wait();
+  key_slot* ab[] = {&a, &b};
+  key_slot* cd[] = {&c, &d};
+  e.submit(std::span<key_slot* const>(ab), 9, log("ab"), st);  // waits for a
+  e.submit(b, 9, log("b"), st);                                // waits for ab
+  e.submit(std::span<key_slot* const>(cd), 1, log("cd"), st);  // free: runs
+  e.wait_slot(d);
+  {
+    std::lock_guard lk(m);
+    CHECK(order == std::vector<std::string>{"cd"});
+  }
+  held(nullptr);
+  kvstore::op(st).wait();
+  e.wait_slot(b);
+  CHECK(order == std::vector<std::string>{"cd", "ab", "b"});
+  CHECK(a.completed == 2);
+  CHECK(b.completed == 2);
+  CHECK(b.issued == 2);
+}
+
+TEST_CASE("wait_slot returns once the ops issued on the slot before it are done" *
+          doctest::timeout(30)) {
+  engine e(2);
+  key_slot s;
+  std::atomic<int> done_ops{0};
+  auto st = std::make_shared<op_state>(20);
+  for (int i = 0; i < 20; ++i)
+    e.submit(
+        s, 0,
+        [&](engine::done_fn done) {
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+          done_ops.fetch_add(1);
+          done(nullptr);
+        },
+        st);
+  e.wait_slot(s);
+  CHECK(done_ops.load() == 20);
+  key_slot idle;
+  e.wait_slot(idle);  // nothing issued on it: at once
 }

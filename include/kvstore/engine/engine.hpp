@@ -1,8 +1,11 @@
 // The engine: per-key FIFO of ops, a ready queue ordered by (priority desc, sequence asc), and a
 // small thread pool that runs ready ops. Tasks may complete later (from another thread, e.g. when
 // a server answers): the next op on the same key starts only once the previous one completed.
+// An op may span many keys (a batched multi-key call): it is queued on each key and runs once
+// it holds them all, so per-key issue order holds across batched and single-key ops.
 #pragma once
 
+#include <kvstore/engine/key_slot.hpp>
 #include <kvstore/op.hpp>
 
 #include <algorithm>
@@ -10,21 +13,47 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <queue>
+#include <span>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 namespace kvstore::detail {
 
+/// Called exactly once by a task when its work is finished (nullptr on success).
+using engine_done_fn = std::function<void(std::exception_ptr)>;
+/// A task: does its work, then (now or later, from any thread) calls done exactly once.
+using engine_task_fn = std::function<void(engine_done_fn)>;
+
+/// One queued op: its task, the op state it completes, and its keys' links.
+struct engine_op {
+  engine_op(int p, engine_task_fn t, std::shared_ptr<op_state> s)
+      : priority(p), task(std::move(t)), part(std::move(s)) {}
+  int priority;
+  std::uint64_t seq = 0;
+  engine_task_fn task;
+  std::shared_ptr<op_state> part;
+  std::size_t waiting = 0;  // keys it is queued on and does not hold yet
+  std::uint64_t id = 0;     // with by_id: the key of the engine's own table it is queued on
+  bool by_id = false;       // (that slot is dropped once idle)
+  key_link one;             // the link of a one-key op
+  std::unique_ptr<key_link[]> many;  // the links of a many-key op
+  std::size_t keys = 1;
+  std::atomic<int> refs{2};         // the running task and its done: freed after both
+  std::atomic<bool> called{false};  // done ran (a task may only complete once)
+  key_link* links() noexcept { return many ? many.get() : &one; }
+};
+
 class engine {
  public:
   /// Called exactly once by a task when its work is finished (nullptr on success).
-  using done_fn = std::function<void(std::exception_ptr)>;
+  using done_fn = engine_done_fn;
   /// A task: does its work, then (now or later, from any thread) calls done exactly once.
   /// A task that throws before calling done is treated as done with that exception.
-  using task_fn = std::function<void(done_fn)>;
+  using task_fn = engine_task_fn;
 
   explicit engine(unsigned threads = 0) {
     if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
@@ -52,24 +81,38 @@ class engine {
   /// hand-off, no wake-up. For short tasks (small copies, queuing network frames).
   void submit(std::uint64_t key, int priority, task_fn task, std::shared_ptr<op_state> part,
               bool may_run_inline = false) {
+    auto* op = new engine_op(priority, std::move(task), std::move(part));
     std::unique_lock lk(m_);
-    item it{priority, seq_++, key, std::move(task), std::move(part)};
-    ++in_flight_;
-    auto& q = keys_[key];
-    ++q.issued;
-    if (q.busy) {
-      q.pending.push_back(std::move(it));
-      return;
+    op->by_id = true;
+    op->id = key;
+    enqueue(op, keys_[key], op->one);
+    start(op, lk, may_run_inline);
+  }
+
+  /// The same on a key whose queue the caller keeps (a key's record): `slot` must outlive the
+  /// engine's use of it (every op issued on it done).
+  void submit(key_slot& slot, int priority, task_fn task, std::shared_ptr<op_state> part,
+              bool may_run_inline = false) {
+    auto* op = new engine_op(priority, std::move(task), std::move(part));
+    std::unique_lock lk(m_);
+    enqueue(op, slot, op->one);
+    start(op, lk, may_run_inline);
+  }
+
+  /// One op over many keys (distinct slots): it runs once every earlier op on each of them is
+  /// done, and every later op on any of them waits for it. Ops across keys are ordered by their
+  /// priority; between them and one-key ops on the same keys, issue order holds.
+  void submit(std::span<key_slot* const> slots, int priority, task_fn task,
+              std::shared_ptr<op_state> part, bool may_run_inline = false) {
+    auto* op = new engine_op(priority, std::move(task), std::move(part));
+    if (slots.size() != 1) {
+      op->many = std::make_unique<key_link[]>(slots.size());
+      op->keys = slots.size();
     }
-    q.busy = true;
-    if (may_run_inline && ready_.empty() && idle_ > 0) {
-      lk.unlock();
-      execute(std::move(it));
-      return;
-    }
-    ready_.push(std::move(it));
-    lk.unlock();
-    cv_.notify_one();
+    key_link* links = op->links();
+    std::unique_lock lk(m_);
+    for (std::size_t i = 0; i < slots.size(); ++i) enqueue(op, *slots[i], links[i]);
+    start(op, lk, may_run_inline);
   }
 
   /// Convenience: a synchronous task.
@@ -95,6 +138,16 @@ class engine {
       auto j = keys_.find(key);
       return j == keys_.end() || j->second.completed >= target;
     });
+    --key_waiters_;
+  }
+
+  /// Every op issued on the caller's `slot` before this call is done.
+  void wait_slot(const key_slot& slot) {
+    std::unique_lock lk(m_);
+    const std::uint64_t target = slot.issued;
+    if (slot.completed >= target) return;
+    ++key_waiters_;
+    idle_cv_.wait(lk, [&] { return slot.completed >= target; });
     --key_waiters_;
   }
 
@@ -135,25 +188,12 @@ class engine {
   }
 
  private:
-  struct item {
-    int priority;
-    std::uint64_t seq;
-    std::uint64_t key;
-    task_fn task;
-    std::shared_ptr<op_state> part;
-  };
   // Strict weak order: higher priority first, then lower sequence (issue order) first.
-  struct item_less {
-    bool operator()(const item& a, const item& b) const noexcept {
-      if (a.priority != b.priority) return a.priority < b.priority;
-      return a.seq > b.seq;
+  struct op_less {
+    bool operator()(const engine_op* a, const engine_op* b) const noexcept {
+      if (a->priority != b->priority) return a->priority < b->priority;
+      return a->seq > b->seq;
     }
-  };
-  struct key_queue {
-    std::deque<item> pending;
-    bool busy = false;
-    std::uint64_t issued = 0;
-    std::uint64_t completed = 0;
   };
   struct pjob {
     std::size_t n = 0, chunks = 0;
@@ -192,46 +232,90 @@ class engine {
         if (stop_) return;
         continue;
       }
-      item it = std::move(const_cast<item&>(ready_.top()));
+      engine_op* op = ready_.top();
       ready_.pop();
       lk.unlock();
-      execute(std::move(it));
+      execute(op);
       lk.lock();
     }
   }
 
-  void execute(item it) {
-    auto called = std::make_shared<std::atomic<bool>>(false);
-    const std::uint64_t key = it.key;
-    auto part = it.part;
-    done_fn done = [this, key, part, called](std::exception_ptr e) {
-      if (called->exchange(true)) return;  // a task may only complete once
-      // The op is done before the key moves on, so op::wait() never returns after wait_all().
-      if (part) part->complete_part(e);
-      finish(key);
+  // Queues `op` on `slot` through `link` (m_ held): it holds the key at once when the key is
+  // idle, else waits behind the ops queued before it.
+  static void enqueue(engine_op* op, key_slot& slot, key_link& link) {
+    link.op = op;
+    link.slot = &slot;
+    link.next = nullptr;
+    ++slot.issued;
+    if (!slot.busy) {
+      slot.busy = true;
+      return;
+    }
+    if (slot.tail)
+      slot.tail->next = &link;
+    else
+      slot.head = &link;
+    slot.tail = &link;
+    ++op->waiting;
+  }
+
+  // `op` is queued on all its keys (m_ held): it runs now when it holds them all.
+  void start(engine_op* op, std::unique_lock<std::mutex>& lk, bool may_run_inline) {
+    op->seq = seq_++;
+    ++in_flight_;
+    if (op->waiting) return;
+    if (may_run_inline && ready_.empty() && idle_ > 0) {
+      lk.unlock();
+      execute(op);
+      return;
+    }
+    ready_.push(op);
+    lk.unlock();
+    cv_.notify_one();
+  }
+
+  void execute(engine_op* op) {
+    done_fn done = [this, op](std::exception_ptr e) {
+      if (op->called.exchange(true)) return;  // a task may only complete once
+      // The op is done before its keys move on, so op::wait() never returns after wait_all().
+      if (op->part) op->part->complete_part(e);
+      finish(op);
+      release(op);
     };
     try {
-      it.task(done);
+      op->task(done);
     } catch (...) {
       done(std::current_exception());
     }
+    op->task = nullptr;  // what it captured goes now, as the op may complete much later
+    release(op);
   }
 
-  // The op on `key` finished: start the next one queued on it.
-  void finish(std::uint64_t key) {
+  static void release(engine_op* op) {
+    if (op->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete op;
+  }
+
+  // `op` finished: each of its keys goes to the next op queued on it.
+  void finish(engine_op* op) {
     bool notify = false;
     bool wake_waiters = false;
     {
       std::lock_guard lk(m_);
-      auto it = keys_.find(key);
-      auto& q = it->second;
-      ++q.completed;
-      if (!q.pending.empty()) {
-        ready_.push(std::move(q.pending.front()));
-        q.pending.pop_front();
-        notify = true;
-      } else {
-        keys_.erase(it);
+      key_link* links = op->links();
+      for (std::size_t i = 0; i < op->keys; ++i) {
+        key_slot& slot = *links[i].slot;
+        ++slot.completed;
+        if (key_link* next = slot.head) {
+          slot.head = next->next;
+          if (!slot.head) slot.tail = nullptr;
+          if (--next->op->waiting == 0) {
+            ready_.push(next->op);
+            notify = true;
+          }
+        } else {
+          slot.busy = false;
+          if (op->by_id) keys_.erase(op->id);
+        }
       }
       --in_flight_;
       // Only a wait that can now be satisfied is woken: wait_all once nothing is in flight, and
@@ -246,8 +330,8 @@ class engine {
   std::mutex m_;
   std::condition_variable cv_;       // work for the pool
   std::condition_variable idle_cv_;  // ops completed
-  std::priority_queue<item, std::vector<item>, item_less> ready_;
-  std::unordered_map<std::uint64_t, key_queue> keys_;
+  std::priority_queue<engine_op*, std::vector<engine_op*>, op_less> ready_;
+  std::unordered_map<std::uint64_t, key_slot> keys_;  // the queues of keys submitted by id
   std::vector<std::shared_ptr<pjob>> helpers_;
   std::uint64_t seq_ = 0;
   std::size_t in_flight_ = 0;
