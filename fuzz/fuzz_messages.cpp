@@ -83,6 +83,25 @@ void one(int which, std::string_view s) {
       expect(wire::encode_range(m) == s);
       break;
     }
+    case 9: {  // a batched request's entries: the header's key count and elements, then meta
+      if (s.size() < 16) return;
+      std::uint64_t keys = 0, elements = 0;
+      std::memcpy(&keys, s.data(), 8);
+      std::memcpy(&elements, s.data() + 8, 8);
+      const std::string_view meta = s.substr(16);
+      const auto e = wire::decode_batch(meta, keys, elements);
+      expect(e.size() == keys && keys > 0);
+      std::uint64_t sum = 0;
+      std::string again(meta.size(), '\0');
+      for (std::size_t i = 0; i < e.size(); ++i) {
+        expect(e[i].elements > 0 && e[i].elements <= elements - sum);
+        sum += e[i].elements;
+        wire::put_batch_entry(again.data() + i * wire::batch_entry_size, e[i]);
+      }
+      expect(sum == elements);
+      expect(again == meta);
+      break;
+    }
     default: {  // 6: the primitive reader itself: a script of reads over the bytes
       if (s.empty()) return;
       const auto ops = static_cast<unsigned char>(s[0]);
@@ -116,7 +135,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size > 1) std::memcpy(buf.get(), data + 1, size - 1);
   std::string_view s(buf.get(), size - 1);
   try {
-    one(data[0] % 9, s);
+    one(data[0] % 10, s);
   } catch (const error& e) {
     if (e.code() != make_error_code(errc::protocol)) std::abort();
     if (std::string_view(e.what()).empty()) std::abort();

@@ -13,6 +13,7 @@
 #include <kvstore/wire/snapshot.hpp>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -240,6 +241,22 @@ void messages() {
   put("messages", "range", m(8, wire::encode_range({3, 5})));
   put("messages", "range-empty", m(8, wire::encode_range({3, 0})));
   put("messages", "range-wraps", m(8, wire::encode_range({~std::uint64_t{0} - 1, 5})));
+  // Batched requests' entries, after the header's key count and elements (u64 each).
+  auto batch = [](std::uint64_t keys, std::uint64_t elements, std::vector<wire::batch_entry> es) {
+    std::string s(16 + es.size() * wire::batch_entry_size, '\0');
+    std::memcpy(s.data(), &keys, 8);
+    std::memcpy(s.data() + 8, &elements, 8);
+    for (std::size_t i = 0; i < es.size(); ++i)
+      wire::put_batch_entry(s.data() + 16 + i * wire::batch_entry_size, es[i]);
+    return s;
+  };
+  put("messages", "batch", m(9, batch(3, 6, {{1, 1, 0}, {7, 4, 2}, {9, 1, 5}})));
+  put("messages", "batch-count", m(9, batch(1'000'000'000, 6, {{1, 6, 0}})));
+  put("messages", "batch-sum", m(9, batch(2, 5, {{1, 1, 0}, {2, 1, 0}})));
+  put("messages", "batch-empty-key", m(9, batch(2, 1, {{1, 1, 0}, {2, 0, 0}})));
+  put("messages", "batch-overflow",
+      m(9, batch(2, ~std::uint64_t{0}, {{1, ~std::uint64_t{0}, 0}, {2, 1, 0}})));
+  put("messages", "batch-partial", m(9, batch(1, 1, {{1, 1, 0}}) + "x"));
 }
 
 template <class T>
@@ -269,6 +286,7 @@ void state_files() {
 
 void versions(const wire::header& init, const std::string& meta, const wire::header& rinit,
               const wire::header& prow, wire::header qrow);
+void batches();
 
 void server_frames() {
   // Mode 4: dist_sync, one worker, the hello sent by the harness.
@@ -407,6 +425,80 @@ void server_frames() {
           frame(rpush_last, wire::encode_range({0, 1}), floats({7})) +
           frame(rpull, wire::encode_range({1, 0})));
   versions(init, meta, rinit, prow, qrow);
+  batches();
+}
+
+// Batched frames (issue 12): many small keys' inits, pushes and pulls in one frame each, sync
+// and async, two workers; and refused ones: a key named twice, a payload that does not match
+// the entries, a key never inited, a key sliced here (not whole), a pull too big to answer.
+void batches() {
+  auto entries = [](std::vector<wire::batch_entry> es) {
+    std::string s(es.size() * wire::batch_entry_size, '\0');
+    for (std::size_t i = 0; i < es.size(); ++i)
+      wire::put_batch_entry(s.data() + i * wire::batch_entry_size, es[i]);
+    return s;
+  };
+  auto bh = [](wire::cmd c, std::uint64_t keys, std::uint64_t elements, std::uint64_t req,
+               bool data = false) {
+    wire::header h = wire::batch_header(c, wire::dtype::f32, keys, elements, 0, data);
+    h.req_id = req;
+    return h;
+  };
+  const std::string three = entries({{1, 1, 0}, {2, 2, 0}, {4, 1, 0}});
+  const std::string init =
+      frame(bh(wire::cmd::batch_init, 3, 4, 50, true), three, floats({1, 2, 3, 4}));
+  const std::string pushes =
+      frame(bh(wire::cmd::batch_push, 3, 4, 51), entries({{1, 1, 1}, {2, 2, 1}, {4, 1, 1}}),
+            floats({1, 1, 1, 1})) +
+      frame(bh(wire::cmd::batch_push, 3, 4, 52), entries({{4, 1, 2}, {1, 1, 2}, {2, 2, 2}}),
+            floats({2, 2, 2, 2}));
+  const std::string pull = frame(bh(wire::cmd::batch_pull, 3, 4, 53), three);
+  put("server", "batch", std::string(1, '\4') + init + pushes + pull);
+  put("server", "batch-async", std::string(1, '\5') + init + pushes + pull);
+  put("server", "batch-two-workers",
+      std::string(1, '\6') + init + pushes + frame(hdr(wire::cmd::leave, 0, 54)) + pull);
+  // One key pushed alone, then in a batch: the same round rules.
+  wire::header one = hdr(wire::cmd::push, 2, 55);
+  one.type = wire::dtype::f32;
+  one.total = 2;
+  one.aux = 1;
+  one.flags = wire::flag_last;
+  put("server", "batch-and-one",
+      std::string(1, '\4') + init + frame(one, "", floats({5, 5})) +
+          frame(bh(wire::cmd::batch_push, 2, 2, 56), entries({{1, 1, 1}, {4, 1, 1}}),
+                floats({3, 3})) +
+          pull);
+  put("server", "batch-named-twice",
+      std::string(1, '\4') + init +
+          frame(bh(wire::cmd::batch_push, 2, 2, 57), entries({{1, 1, 1}, {1, 1, 2}}),
+                floats({1, 1})) +
+          pull);
+  put("server", "batch-init-twice",
+      std::string(1, '\4') +
+          frame(bh(wire::cmd::batch_init, 2, 2, 58, true), entries({{8, 1, 0}, {8, 1, 0}}),
+                floats({1, 2})) +
+          pull);
+  put("server", "batch-short-payload",
+      std::string(1, '\4') + init +
+          frame(bh(wire::cmd::batch_push, 3, 4, 59), entries({{1, 1, 1}, {2, 2, 1}, {4, 1, 1}}),
+                floats({1, 1})));
+  put("server", "batch-unknown-key",
+      std::string(1, '\4') + init +
+          frame(bh(wire::cmd::batch_push, 2, 2, 60), entries({{1, 1, 1}, {9, 1, 1}}),
+                floats({1, 1})) +
+          pull);
+  // Key 3 inited as a slice [0, 2) of 4: not a whole key, refused in a batch.
+  wire::header sliced = hdr(wire::cmd::init, 3, 61);
+  sliced.type = wire::dtype::f32;
+  sliced.total = 4;
+  sliced.flags = wire::flag_last | wire::flag_has_data;
+  put("server", "batch-sliced-key",
+      std::string(1, '\4') + frame(sliced, wire::encode_init_meta({0, 2}), floats({1, 2})) +
+          frame(bh(wire::cmd::batch_pull, 1, 4, 62), entries({{3, 4, 0}})));
+  put("server", "batch-pull-huge",
+      std::string(1, '\4') + init +
+          frame(bh(wire::cmd::batch_pull, 1, std::uint64_t{1} << 40, 63),
+                entries({{1, std::uint64_t{1} << 40, 0}})));
 }
 
 // Versions and held pulls (issue 13): the version command (of a key and of one never inited),

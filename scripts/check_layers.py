@@ -26,7 +26,7 @@ MAY_INCLUDE = {
     "wire": {"base", "detail", "optim/slots.hpp"},
     "transport": {"base", "detail", "wire/frame.hpp"},
     "options": {"base", "detail", "transport/security.hpp"},
-    "client": {"base", "detail", "optim", "options", "wire", "transport"},
+    "client": {"base", "detail", "optim", "options", "wire", "transport", "engine/key_slot.hpp"},
     "server": {"base", "detail", "optim", "options", "wire", "transport"},
     "rendezvous": {"base", "detail", "options", "wire", "transport"},
     "compat": {"base", "detail", "api", "options", "engine", "optim", "device"},

@@ -5,6 +5,7 @@
 // built with the server loop (kvstore.hpp or spmd.hpp), as MXNet does.
 #pragma once
 
+#include <kvstore/client/batch.hpp>
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/key_record.hpp>
@@ -32,7 +33,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -127,24 +127,63 @@ class KVStore<dist, T> {
     init_one(std::move(k), value, o);
   }
   /// Every key is checked before any is sent (a misuse inits none of them); then all inits go
-  /// out together and are answered together: one round trip for the lot, not one per key. A key
-  /// a server refuses is not inited; the others are, and the first error is thrown.
+  /// out together and are answered together: one round trip for the lot, not one per key (the
+  /// small keys of each server in a few batched frames). A key a server refuses is not inited;
+  /// the others are, and the first error is thrown.
   void init(std::span<const key> ks, std::span<const std::span<const T>> values) {
     detail::check_count("init", ks.size(), "with", values.size(), "values");
-    std::unordered_set<std::uint64_t> named;
-    for (std::size_t i = 0; i < ks.size(); ++i) {
-      if (values[i].empty()) fail(errc::invalid_argument, call_kind::init, ks[i], "an empty value");
-      if (const record* m = impl_->keys.find(ks[i].id())) {
-        detail::check_same_name("init", m->k, ks[i]);
-        fail(errc::already_inited, call_kind::init, ks[i], "inited twice");
+    {
+      auto lk = impl_->keys.read_lock();
+      for (std::size_t i = 0; i < ks.size(); ++i) {
+        if (values[i].empty())
+          fail(errc::invalid_argument, call_kind::init, ks[i], "an empty value");
+        if (const record* m = impl_->keys.find_locked(ks[i].id())) {
+          detail::check_same_name("init", m->k, ks[i]);
+          fail(errc::already_inited, call_kind::init, ks[i], "inited twice");
+        }
       }
-      if (!named.insert(ks[i].id()).second)
-        fail(errc::already_inited, call_kind::init, ks[i], "named twice in one init");
     }
+    // The records, added under one lock (a key named twice is found there, its first record
+    // marked by this call); the small keys batched, the others one by one.
+    const std::uint64_t call = next_batch_call();
+    std::vector<std::unique_ptr<record>> made;
+    made.reserve(ks.size());
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      made.push_back(make_record(ks[i], values[i], {}));
+      made.back()->batch_call = call;
+    }
+    std::vector<record*> added;
+    added.reserve(ks.size());
+    if (const std::size_t taken = impl_->keys.add_all(made, added); taken != ks.size()) {
+      const record* other = impl_->keys.find(ks[taken].id());
+      const bool twice = other && other->batch_call == call;
+      for (record* m : added) impl_->keys.remove(m->k.id());
+      if (twice) fail(errc::already_inited, call_kind::init, ks[taken], "named twice in one init");
+      if (other) detail::check_same_name("init", other->k, ks[taken]);
+      fail(errc::already_inited, call_kind::init, ks[taken], "inited twice");
+    }
+    detail::batch<std::span<const T>> small(next_batch_call(), ks.size());
     std::vector<std::pair<record*, std::shared_ptr<detail::op_state>>> sent;
-    sent.reserve(ks.size());
-    for (std::size_t i = 0; i < ks.size(); ++i) sent.emplace_back(send_init(ks[i], values[i], {}));
+    for (std::size_t i = 0; i < ks.size(); ++i) {
+      if (detail::batches<T>::small(*added[i]))
+        small.add(added[i], ks[i].id(), values[i]);  // this call's new records: no lock needed
+      else
+        sent.emplace_back(added[i], send_init(*added[i], values[i]));
+    }
     std::exception_ptr first;
+    if (small.size()) {
+      std::vector<char> failed(small.size(), 0);
+      auto st = new_state(1);
+      impl_->batch.init(small, rank() == 0, failed,
+                        [st](std::exception_ptr e) { st->complete_part(e); });
+      try {
+        op(st).wait();
+      } catch (...) {
+        first = std::current_exception();
+        for (std::size_t j = 0; j < small.size(); ++j)
+          if (failed[j]) impl_->keys.remove(small.entries[j].rec->k.id());
+      }
+    }
     for (auto& [m, st] : sent) {
       try {
         op(st).wait();
@@ -171,11 +210,16 @@ class KVStore<dist, T> {
     for (auto& s : srcs) check_size(call_kind::push, *m, s.size());
     return submit_summed(m, std::move(srcs), priority);
   }
+  /// The small keys (plain on the wire, whole on one server) go as one op over all of them, in a
+  /// few batched frames per server; the others one op per key. A key named twice is summed.
   op push(std::span<const key> ks, std::span<const std::span<const T>> values, int priority = 0) {
     detail::check_count("push", ks.size(), "with", values.size(), "values");
-    auto groups = group_by_key(call_kind::push, ks, values);
-    auto st = new_state(groups.size());
-    for (auto& [m, srcs] : groups) submit_summed(m, std::move(srcs), priority, st);
+    auto call = split(call_kind::push, ks, values);
+    auto st = new_state(call.large.size() + call.batches());
+    for (auto& [m, srcs] : call.large) submit_summed(m, std::move(srcs), priority, st);
+    submit_small(call, priority, st, [this, priority](auto b, auto done) {
+      impl_->batch.push(*b, priority, std::move(done));
+    });
     return op(st);
   }
 
@@ -195,17 +239,22 @@ class KVStore<dist, T> {
       impl_->reqs.pull(*m, o, priority, std::move(done));
     });
   }
+  /// As the multi-key push: the small keys batched, the others one op per key. A key named
+  /// twice fills each output.
   op pull(std::span<const key> ks, std::span<const std::span<T>> outs, int priority = 0) {
     detail::check_count("pull", ks.size(), "into", outs.size(), "outputs");
-    auto groups = group_by_key(call_kind::pull, ks, outs);
-    auto st = new_state(groups.size());
-    for (auto& [m, o] : groups)
+    auto call = split(call_kind::pull, ks, outs);
+    auto st = new_state(call.large.size() + call.batches());
+    for (auto& [m, o] : call.large)
       submit(
           m, priority,
           [this, m = m, o = o, priority](auto done) {
             impl_->reqs.pull(*m, o, priority, std::move(done));
           },
           st);
+    submit_small(call, priority, st, [this, priority](auto b, auto done) {
+      impl_->batch.pull(std::move(b), priority, std::move(done));
+    });
     return op(st);
   }
 
@@ -374,7 +423,9 @@ class KVStore<dist, T> {
     });
   }
 
-  void wait(key k) { impl_->eng.wait_key(k.id()); }
+  void wait(key k) {
+    if (const record* m = impl_->keys.find(k.id())) impl_->eng.wait_slot(m->queue);
+  }
   void wait_all() { impl_->eng.wait_all(); }
 
   // ---- compression ---------------------------------------------------------------------------
@@ -501,6 +552,7 @@ class KVStore<dist, T> {
           colocated(start_roles(opts)),
           client(opts, colocated ? colocated->address() : detail::own_server{}),
           reqs(client),
+          batch(client),
           eng(opts.threads) {}
     ~impl() {
       try {
@@ -537,8 +589,11 @@ class KVStore<dist, T> {
     std::unique_ptr<detail::colocated_roles> colocated;
     detail::worker_client client;
     detail::requests<T> reqs;
-    detail::engine eng;  // destroyed before the client: no op outlives the network
+    detail::batches<T> batch;  // multi-key calls' small keys
+    detail::engine eng;        // destroyed before the client: no op outlives the network
     detail::key_table keys;
+    std::mutex batch_m;             // multi-key calls mark their keys' records under it
+    std::uint64_t batch_calls = 0;  // numbers those calls (under batch_m)
     std::atomic<bool> left{false};
     // The device work of device_span calls (device/dist_bridge.hpp), made on the first one.
     // Last: destroyed first, its completions drained while the engine and client still exist.
@@ -550,26 +605,22 @@ class KVStore<dist, T> {
     detail::fail(c, detail::call_name(call), k, problem);
   }
 
-  // The buffers of a multi-key call grouped by key, in first-appearance order: a key named twice
-  // gets both buffers in one group (summed for a push, each filled for a pull).
-  template <class Span>
-  std::vector<detail::key_group<record*, Span>> group_by_key(call_kind call,
-                                                             std::span<const key> ks,
-                                                             std::span<const Span> bufs) {
-    return detail::group_by_key<record*>(
-        bufs, [&](std::size_t i) { return find(call, ks[i], bufs[i].size()); },
-        [](const record* a, const record* b) { return a == b; });
-  }
-
   // The record of a key id, for the state calls.
   typename detail::requests<T>::key_lookup lookup() const {
     return [keys = &impl_->keys](std::uint64_t id) -> const record* { return keys->find(id); };
   }
 
   record* find(call_kind call, const key& k, std::optional<std::size_t> n) {
-    record* m = impl_->keys.find(k.id());
+    return checked(impl_->keys.find(k.id()), call, k, n);
+  }
+  // The same with the key table held (key_table::read_lock).
+  record* find_locked(call_kind call, const key& k, std::optional<std::size_t> n) {
+    return checked(impl_->keys.find_locked(k.id()), call, k, n);
+  }
+  record* checked(record* m, call_kind call, const key& k, std::optional<std::size_t> n) {
     if (!m) fail(errc::unknown_key, call, k, "never inited");
-    detail::check_same_name(detail::call_name(call), m->k, k);
+    if (m->named || k.is_named())  // else both are the same integer: nothing more to read
+      detail::check_same_name(detail::call_name(call), m->k, k);
     if (n) check_size(call, *m, *n);
     if (impl_->left && detail::is_push(call))
       fail(errc::invalid_argument, call, k, "this worker left the sync group (leave())");
@@ -593,7 +644,12 @@ class KVStore<dist, T> {
   }
 
   void init_one(key k, std::span<const T> value, const init_options& o) {
-    auto [m, st] = send_init(k, value, o);
+    auto [m, fresh] = impl_->keys.add(make_record(k, value, o));
+    if (!fresh) {
+      detail::check_same_name("init", m->k, k);
+      fail(errc::already_inited, call_kind::init, k, "inited twice");
+    }
+    auto st = send_init(*m, value);
     try {
       op(st).wait();
     } catch (...) {
@@ -602,10 +658,9 @@ class KVStore<dist, T> {
     }
   }
 
-  // Adds the key's record and sends its init; the returned state completes with the answers.
-  std::pair<record*, std::shared_ptr<detail::op_state>> send_init(const key& k,
-                                                                  std::span<const T> value,
-                                                                  const init_options& o) {
+  // The record of a key about to be inited with `value`: its slices on the servers.
+  std::unique_ptr<record> make_record(const key& k, std::span<const T> value,
+                                      const init_options& o) const {
     if (value.empty()) fail(errc::invalid_argument, call_kind::init, k, "an empty value");
     if (o.partition != partition::hashed && o.partition != partition::even)
       fail(errc::invalid_argument, call_kind::init, k, "an unknown partition");
@@ -613,15 +668,21 @@ class KVStore<dist, T> {
                       ? detail::partition_even(value.size(), o.row_length, num_servers())
                       : detail::partition(k.id(), value.size(), o.row_length, sizeof(T),
                                           num_servers(), impl_->opts.slice_bytes);
-    auto [m, added] = impl_->keys.add(std::make_unique<record>(
-        k, value.size(), o.row_length, std::move(slices), o.partition, o.compression));
-    if (!added) {
-      detail::check_same_name("init", m->k, k);
-      fail(errc::already_inited, call_kind::init, k, "inited twice");
-    }
+    return std::make_unique<record>(k, value.size(), o.row_length, std::move(slices), o.partition,
+                                    o.compression);
+  }
+
+  // Sends the init of a key just added; the returned state completes with the answers.
+  std::shared_ptr<detail::op_state> send_init(record& m, std::span<const T> value) {
     auto st = new_state(1);
-    impl_->reqs.init(*m, value, rank() == 0, [st](std::exception_ptr e) { st->complete_part(e); });
-    return {m, st};
+    impl_->reqs.init(m, value, rank() == 0, [st](std::exception_ptr e) { st->complete_part(e); });
+    return st;
+  }
+
+  // A number for a multi-key call's batch, unique in the store.
+  std::uint64_t next_batch_call() {
+    std::lock_guard lk(impl_->batch_m);
+    return ++impl_->batch_calls;
   }
 
   // The shared state of a new op of `parts` parts; its wait() spins as the options say.
@@ -636,10 +697,93 @@ class KVStore<dist, T> {
     const bool fresh = !st;
     if (!st) st = new_state(1);
     impl_->eng.submit(
-        m->k.id(), priority,
+        m->queue, priority,
         [f = std::forward<F>(f)](detail::engine::done_fn done) { f(std::move(done)); }, st,
         /*may_run_inline=*/true);
     return fresh ? op(st) : op();
+  }
+
+  // A multi-key call: its small keys in batches of at most batch_keys, in the call's order
+  // (each key with what its frames need of its record, read while the record is at hand), and
+  // the others grouped by key.
+  template <class Buf>
+  struct split_call {
+    std::vector<std::shared_ptr<detail::batch<Buf>>> small;
+    bool repeats = false;  // a small key named twice: they go in one batch (submit_small)
+    std::vector<detail::key_group<record*, Buf>> large;
+    std::size_t batches() const noexcept { return repeats ? 1 : small.size(); }
+  };
+  // Keys per batch (one engine op): a call's first batch goes out while the next is queued, and
+  // the buffers of one stay well below what malloc maps afresh per call.
+  static constexpr std::size_t batch_keys = std::size_t{1} << 15;
+
+  // Every key found and checked before anything is queued (the first bad one throws, naming
+  // it), under one hold of the key table.
+  template <class Buf>
+  split_call<Buf> split(call_kind call, std::span<const key> ks, std::span<const Buf> bufs) {
+    split_call<Buf> out;
+    std::vector<record*> large;
+    std::vector<Buf> large_bufs;
+    const bool pull = call == call_kind::pull;
+    // A pull that may have to wait for slower workers (dist_async with staleness) is held by
+    // the servers key by key: those go one by one.
+    const bool batch_ok = !pull || impl_->opts.sync || !impl_->opts.staleness;
+    {
+      // The batch marks of the records (key_record::batch_call) are this lock's.
+      std::lock_guard marks(impl_->batch_m);
+      auto lk = impl_->keys.read_lock();
+      const std::uint64_t stamp = ++impl_->batch_calls;
+      for (std::size_t i = 0; i < ks.size(); ++i) {
+        const std::uint64_t id = ks[i].id();
+        record* m = checked(impl_->keys.find_locked(id), call, ks[i], bufs[i].size());
+        if (batch_ok && detail::batches<T>::small(*m) && impl_->reqs.travels_plain(*m, pull)) {
+          out.repeats = out.repeats || m->batch_call == stamp;
+          m->batch_call = stamp;
+          if (out.small.empty() || out.small.back()->size() == batch_keys)
+            out.small.push_back(
+                std::make_shared<detail::batch<Buf>>(0, std::min(batch_keys, ks.size() - i)));
+          out.small.back()->add_distinct(m, id, bufs[i]);
+        } else {
+          large.push_back(m);
+          large_bufs.push_back(bufs[i]);
+        }
+      }
+    }
+    if (!large.empty())
+      out.large = detail::group_by_key<record*>(
+          std::span<const Buf>(large_bufs), [&](std::size_t i) { return large[i]; },
+          [](const record* a, const record* b) { return a == b; });
+    return out;
+  }
+
+  // The small keys of a call, each batch one engine op over its keys; all in one batch when a
+  // key is named twice (its buffers are summed, or each filled, together).
+  template <class Buf, class Run>
+  void submit_small(split_call<Buf>& c, int priority, const std::shared_ptr<detail::op_state>& st,
+                    Run run) {
+    if (c.small.empty()) return;
+    if (c.repeats) {
+      std::size_t n = 0;
+      for (auto& b : c.small) n += b->size();
+      std::lock_guard marks(impl_->batch_m);
+      auto one = std::make_shared<detail::batch<Buf>>(++impl_->batch_calls, n);
+      for (auto& b : c.small)
+        for (auto& e : b->entries) one->add(e.rec, e.id, e.buf);
+      return submit_batch(std::move(one), priority, st, run);
+    }
+    for (auto& b : c.small) submit_batch(std::move(b), priority, st, run);
+  }
+
+  // One op over all of the batch's keys: run(batch, done) once the engine gives it every key.
+  template <class Buf, class Run>
+  void submit_batch(std::shared_ptr<detail::batch<Buf>> b, int priority,
+                    std::shared_ptr<detail::op_state> st, Run run) {
+    std::vector<detail::key_slot*> slots(b->size());
+    for (std::size_t j = 0; j < slots.size(); ++j) slots[j] = &b->entries[j].rec->queue;
+    impl_->eng.submit(
+        std::span<detail::key_slot* const>(slots), priority,
+        [b = std::move(b), run](detail::engine::done_fn done) mutable { run(b, std::move(done)); },
+        std::move(st), /*may_run_inline=*/true);
   }
 
   op submit_summed(record* m, std::vector<std::span<const T>> srcs, int priority,

@@ -246,7 +246,7 @@ TEST_CASE("ops over many keys and one-key ops: per-key issue order, never two on
     total += l.size();
     CHECK(std::is_sorted(l.begin(), l.end()));
     CHECK(slots[static_cast<std::size_t>(k)].completed == l.size());
-    CHECK_FALSE(slots[static_cast<std::size_t>(k)].busy);
+    CHECK_FALSE(slots[static_cast<std::size_t>(k)].busy());
   }
   CHECK(total > static_cast<std::size_t>(ops));  // the batched ops ran on several keys each
 }

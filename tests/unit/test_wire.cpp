@@ -444,6 +444,39 @@ TEST_CASE("row ids round-trip as little-endian int64; a partial id is refused") 
                {"row list is not a whole number of int64"});
 }
 
+TEST_CASE(
+    "batched entries: 24 little-endian bytes each, read in place; counts and sums checked "
+    "against the header before anything is used") {
+  const std::vector<wire::batch_entry> es{{1, 1, 0}, {~std::uint64_t{0}, 4, 7}, {3, 2, 1}};
+  std::string meta(es.size() * wire::batch_entry_size, '\0');
+  for (std::size_t i = 0; i < es.size(); ++i)
+    wire::put_batch_entry(meta.data() + i * wire::batch_entry_size, es[i]);
+  CHECK(static_cast<unsigned char>(meta[24]) == 0xff);  // the second key, low byte first
+  CHECK(static_cast<unsigned char>(meta[32]) == 4);     // its elements
+  const auto back = wire::decode_batch(meta, 3, 7);
+  REQUIRE(back.size() == 3);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(back[i].key == es[i].key);
+    CHECK(back[i].elements == es[i].elements);
+    CHECK(back[i].aux == es[i].aux);
+  }
+  // A batched request's header says how many entries and elements: both must match.
+  expect_error([&] { wire::decode_batch(meta, 1'000'000'000, 7); }, errc::protocol,
+               {"batched request", "3 entries", "1000000000"});
+  expect_error([&] { wire::decode_batch(meta, 3, 8); }, errc::protocol, {"7 elements"});
+  expect_error([&] { wire::decode_batch(meta, 3, 6); }, errc::protocol, {"key 3"});
+  expect_error([&] { wire::decode_batch(meta.substr(0, 30), 1, 1); }, errc::protocol,
+               {"not a whole number"});
+  expect_error([&] { wire::decode_batch("", 0, 0); }, errc::protocol, {"0 entries"});
+  // Empty keys, and elements that would wrap the sum.
+  std::string bad = meta;
+  wire::put_batch_entry(bad.data(), {1, 0, 0});
+  expect_error([&] { wire::decode_batch(bad, 3, 6); }, errc::protocol, {"key 1", "0 elements"});
+  wire::put_batch_entry(bad.data(), {1, ~std::uint64_t{0}, 0});
+  expect_error([&] { wire::decode_batch(bad, 3, ~std::uint64_t{0}); }, errc::protocol,
+               {"past the"});
+}
+
 // ---- the metadata reader itself ---------------------------------------------------------------
 
 TEST_CASE("the metadata reader never reads past the end") {

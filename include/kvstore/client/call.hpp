@@ -5,6 +5,7 @@
 #include <kvstore/key.hpp>
 #include <kvstore/node.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -100,10 +101,15 @@ struct request_label {
   const kvstore::key* k = nullptr;  ///< the key's record outlives its requests
   int server_id = -1;               ///< node id, for a call sent to every server
   std::uint64_t min_version = 0;    ///< a pull that waits for this version of its key
+  std::size_t keys = 1;             ///< a batched request: how many keys, k the first
 
   std::string str() const {
     std::string s(call_name(kind));
-    if (k) s += " of key " + k->str();
+    if (k && keys > 1)
+      s += " of " + std::to_string(keys) + " keys (key " + k->str() + " and " +
+           std::to_string(keys - 1) + " more)";
+    else if (k)
+      s += " of key " + k->str();
     if (min_version) s += " (waiting for version " + std::to_string(min_version) + ")";
     if (server_id >= 0) s += " on " + node_name(server_id);
     return s;

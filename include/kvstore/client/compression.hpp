@@ -41,7 +41,7 @@ class compression_setting {
   }
   /// Key m's compression: its own (init_options) over the store's.
   compression of(const key_record& m) const noexcept {
-    return m.compression.type != compression::none ? m.compression : get();
+    return m.own_compression ? m.compression : get();
   }
 
  private:

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <kvstore/client/partition.hpp>
+#include <kvstore/engine/key_slot.hpp>
 #include <kvstore/key.hpp>
 #include <kvstore/options.hpp>
 
@@ -16,27 +17,44 @@
 
 namespace kvstore::detail {
 
-struct key_record {
+struct alignas(64) key_record {
   key_record(kvstore::key id, std::uint64_t n, std::uint64_t row_len, std::vector<slice_ref> sl,
              kvstore::partition part = kvstore::partition::hashed, kvstore::compression comp = {})
-      : k(std::move(id)),
-        total(n),
+      : total(n),
+        home(sl.size() == 1 ? sl.front().server : -1),
+        named(id.is_named()),
+        own_compression(comp.type != kvstore::compression::none),
+        k(std::move(id)),
         row_length(row_len),
         slices(std::move(sl)),
         placement(part),
         compression(comp) {}
 
-  const kvstore::key k;
+  // The first cache line holds what a multi-key call reads or writes of every key it names
+  // (client/batch.hpp), so a million keys cost a million lines, not three million.
   const std::uint64_t total;
+  /// The key's queue in the store's engine (per-key order of its ops), kept here so queuing an
+  /// op needs no lookup; the engine reads and writes it under its lock.
+  mutable key_slot queue;
+  /// Numbers this worker's pushes of the key (1, 2, ...), so a server restored from a snapshot
+  /// applies a re-sent push exactly once. Only the key's ops touch it, one at a time (engine).
+  std::atomic<std::uint64_t> pushes{0};
+  /// The multi-key call that named the key last (a key named twice in one call is found
+  /// without a lookup); written under the store's lock for those calls.
+  std::uint64_t batch_call = 0;
+  /// The server holding the whole value (one slice), or -1 when it is sliced over several.
+  const int home;
+  const bool named;            ///< k.is_named()
+  const bool own_compression;  ///< compression.type != none: the store's setting does not apply
+
+  const kvstore::key k;
+  std::uint32_t batch_at = 0;      ///< where batch_call named it (client/batch.hpp)
   const std::uint64_t row_length;  ///< 0: a vector, no rows
   const std::vector<slice_ref> slices;
-  /// Numbers this worker's pushes of the key (1, 2, ...), so a server restored from a snapshot
-  /// applies a re-sent push exactly once.
-  std::atomic<std::uint64_t> pushes{0};
   /// How the slices were laid out (init_options::partition).
   const kvstore::partition placement;
   /// The key's own wire compression (init_options::compression); type none: the store's setting.
-  kvstore::compression compression{};
+  const kvstore::compression compression{};
   /// This worker's two_bit residual (a std::vector<T>, client/compression.hpp), made at the
   /// key's first 2-bit push.
   std::shared_ptr<void> residual;

@@ -31,6 +31,29 @@ class key_table {
     return {it->second.get(), added};
   }
 
+  /// Holds the table for reading across many find_locked calls (a multi-key call's keys).
+  std::shared_lock<std::shared_mutex> read_lock() const { return std::shared_lock(m_); }
+  /// The record of `id`, or nullptr; read_lock() held.
+  key_record* find_locked(std::uint64_t id) const {
+    auto it = records_.find(id);
+    return it == records_.end() ? nullptr : it->second.get();
+  }
+
+  /// Adds every record of `rs` whose id is free, under one lock (a multi-key init); returns the
+  /// index of the first one whose id is taken (rs.size(): none), whose record stays in `rs`.
+  std::size_t add_all(std::vector<std::unique_ptr<key_record>>& rs,
+                      std::vector<key_record*>& added) {
+    std::unique_lock lk(m_);
+    records_.reserve(records_.size() + rs.size());
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+      auto [it, fresh] = records_.try_emplace(rs[i]->k.id(), nullptr);
+      if (!fresh) return i;
+      it->second = std::move(rs[i]);
+      added.push_back(it->second.get());
+    }
+    return rs.size();
+  }
+
   /// Forgets a key whose init failed.
   void remove(std::uint64_t id) {
     std::unique_lock lk(m_);

@@ -197,6 +197,12 @@ class requests {
   /// own (init_options::compression) use it from their next op on.
   void set_compression(const compression& c) noexcept { compression_.set(c); }
   compression store_compression() const noexcept { return compression_.get(); }
+  /// Whether key m's pushes (`pull` false) or pulls travel plain, uncompressed (the batched
+  /// path carries only those).
+  bool travels_plain(const key_record& m, bool pull) const noexcept {
+    const compression c = compression_.of(m);
+    return pull ? pull_encoding(c) == wire::encoding::plain : c.type == compression::none;
+  }
 
   // ---- element ranges of one key --------------------------------------------------------------
   /// Elements [offset, offset + values.size()) of the key, each server's part in chunk_bytes

@@ -246,11 +246,11 @@ class engine {
     link.op = op;
     link.slot = &slot;
     link.next = nullptr;
-    ++slot.issued;
-    if (!slot.busy) {
-      slot.busy = true;
+    if (!slot.busy()) {  // idle: the op holds it now
+      ++slot.issued;
       return;
     }
+    ++slot.issued;
     if (slot.tail)
       slot.tail->next = &link;
     else
@@ -312,9 +312,8 @@ class engine {
             ready_.push(next->op);
             notify = true;
           }
-        } else {
-          slot.busy = false;
-          if (op->by_id) keys_.erase(op->id);
+        } else if (op->by_id) {  // idle now: the engine's own queue of the key goes
+          keys_.erase(op->id);
         }
       }
       --in_flight_;

@@ -72,7 +72,10 @@ class server final : public transport::node_base {
       : node_base("server", accept_rules_of(o), transport::bind_host(o.bind_host, o.token), 0,
                   false, "server cannot listen on " + transport::bind_host(o.bind_host, o.token)),
         opts_(std::move(o)),
-        shard_(shard_config_of(opts_), [this](bool important) { snapshots_.changed(important); }),
+        shard_(shard_config_of(opts_),
+               [this](bool important, std::uint64_t changes) {
+                 snapshots_.changed(important, changes);
+               }),
         snapshots_(shard_,
                    {opts_.checkpoint_dir, opts_.checkpoint_interval, opts_.checkpoint_rounds}) {
     const std::string host = transport::bind_host(opts_.bind_host, opts_.token);

@@ -18,6 +18,7 @@
 #include <kvstore/error.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/optim/all.hpp>
+#include <kvstore/server/batch.hpp>
 #include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/slice.hpp>
 #include <kvstore/wire/encoding.hpp>
@@ -62,18 +63,15 @@ struct shard_config {
   std::chrono::milliseconds hold_timeout{120'000};         ///< a held pull fails after this
 };
 
-/// What one key costs a server beyond its value (its slice record, map node, round state), as
-/// max_total_bytes counts it.
-inline constexpr std::uint64_t key_overhead_bytes = 256;
-
 template <class Port>
 class shard {
  public:
   using slice = key_slice<Port>;
   using slice_map = std::unordered_map<std::uint64_t, slice>;
-  /// Called when the shard changed (`important`: an init or optimizer change) before the change
-  /// is answered, so a snapshot taken then holds everything that was answered.
-  using change_hook = std::function<void(bool important)>;
+  /// Called when the shard changed (`important`: an init or optimizer change; `changes`: how
+  /// many keys' rounds or pushes, one call for a batched frame's) before the change is
+  /// answered, so a snapshot taken then holds everything that was answered.
+  using change_hook = std::function<void(bool important, std::uint64_t changes)>;
 
   explicit shard(shard_config c, change_hook on_change = {})
       : cfg_(c), on_change_(std::move(on_change)) {}
@@ -117,6 +115,12 @@ class shard {
       }
       case wire::cmd::load_states:
         return {};
+      case wire::cmd::batch_init:
+      case wire::cmd::batch_push:
+        // Its entries say what it may carry (decode_batch, checked against the payload before
+        // anything changes); the connection's buffer grows as the bytes arrive.
+        too_big(cfg_.max_frame_bytes);
+        return {};
       default:
         too_big(0);
         return {};
@@ -152,6 +156,12 @@ class shard {
         return load_states(from, h, meta, payload);
       case wire::cmd::key_options:
         return set_key_options(from, h, meta);
+      case wire::cmd::batch_init:
+        return batch_ops<Port>::init(*this, rank, from, h, meta, payload);
+      case wire::cmd::batch_push:
+        return batch_ops<Port>::push(*this, rank, from, h, meta, payload);
+      case wire::cmd::batch_pull:
+        return batch_ops<Port>::pull(*this, rank, from, h, meta);
       default:
         throw error(errc::protocol,
                     "unexpected command " + std::to_string(static_cast<int>(h.command)));
@@ -218,8 +228,7 @@ class shard {
     if (h.flags & wire::flag_has_data) {
       s.inited = true;
       changed(true);
-      for (auto& w : s.init_waiters) w.port.reply(w.req_id, errc::ok, {});
-      s.init_waiters.clear();
+      release_all(s.init_waiters, errc::ok, {});
       from.reply(h.req_id, errc::ok, {});
     } else if (s.inited) {
       from.reply(h.req_id, errc::ok, {});
@@ -590,12 +599,9 @@ class shard {
     dead_.insert(rank);
     for (auto& [k, s] : slices_) {
       if (!s.round_waiters.empty()) fail_round(s, why);
-      if (!s.inited && rank == 0) {
-        for (auto& w : s.init_waiters)
-          w.port.reply(w.req_id, errc::node_dead,
-                       "key " + key_str(k) + " cannot be inited: " + why);
-        s.init_waiters.clear();
-      }
+      if (!s.inited && rank == 0 && !s.init_waiters.empty())
+        release_all(s.init_waiters, errc::node_dead,
+                    "key " + key_str(k) + " cannot be inited: " + why);
     }
     held_after_death(why);
   }
@@ -644,6 +650,7 @@ class shard {
     }
     slices_ = std::move(slices);
     held_.take_all();
+    waits_.clear();
     held_bytes_ = 0;
     for (const auto& entry : slices_)
       held_bytes_ += entry.second.size() * entry.second.elem() + key_overhead_bytes;
@@ -678,7 +685,48 @@ class shard {
   }
 
   void changed(bool important = false) {
-    if (on_change_) on_change_(important);
+    if (batching_) {
+      ++deferred_.changes;
+      deferred_.important = deferred_.important || important;
+      return;
+    }
+    if (on_change_) on_change_(important, 1);
+  }
+
+  // ---- answers -------------------------------------------------------------------------------
+
+  // A response to `to` (a request, or a key of a batched one, which answers once all its keys
+  // are done). While a batched frame is served, responses wait until its changes are reported
+  // (one snapshot for the frame, taken before anything it did is answered).
+  void release(const reply_to<Port>& to, errc status, const std::string& msg) {
+    if (to.batch != no_batch) return waits_.done(to.batch, status, msg, *this);
+    answer(to.port, to.req_id, status, msg);
+  }
+  void release_all(std::vector<reply_to<Port>>& waiters, errc status, const std::string& msg) {
+    for (auto& w : waiters) release(w, status, msg);
+    waiters.clear();
+  }
+  void answer(const Port& to, std::uint64_t req_id, errc status, std::string msg) {
+    if (batching_)
+      deferred_.answers.push_back({{to, req_id}, status, std::move(msg)});
+    else
+      to.reply(req_id, status, std::move(msg));
+  }
+  friend class batch_waits<Port>;  // answers through answer()
+
+  // Serving a batched frame: changes, answers and held pulls released wait for end_batch().
+  void begin_batch() { batching_ = true; }
+  void end_batch() {
+    batching_ = false;
+    if ((deferred_.changes || deferred_.important) && on_change_)
+      on_change_(deferred_.important, deferred_.changes);
+    deferred_.changes = 0;
+    deferred_.important = false;
+    for (auto& a : deferred_.answers) a.to.port.reply(a.to.req_id, a.status, std::move(a.message));
+    deferred_.answers.clear();
+    for (auto k : deferred_.held)
+      if (auto it = slices_.find(k); it != slices_.end()) release_held(it->second);
+    deferred_.held.clear();
   }
 
   int active_workers() const {
@@ -747,18 +795,19 @@ class shard {
     return static_cast<wire::encoding>(bits);
   }
 
-  slice& find(const wire::header& h) {
-    auto it = slices_.find(h.key);
+  slice& find(const wire::header& h) { return find(h.key, h.type, h.total); }
+  // The slice of `key`, inited, of element type `type`, of a key of `total` elements.
+  slice& find(std::uint64_t key, wire::dtype type, std::uint64_t total) {
+    auto it = slices_.find(key);
     if (it == slices_.end() || !it->second.inited)
-      throw error(errc::unknown_key, "key " + key_str(h.key) + " was never inited on " + who_);
+      throw error(errc::unknown_key, "key " + key_str(key) + " was never inited on " + who_);
     slice& s = it->second;
-    if (h.type != s.type)
+    if (type != s.type)
       throw error(errc::invalid_argument,
-                  "key " + key_str(h.key) + ": element type differs from its init");
-    if (h.total != s.total)
-      throw error(errc::size_mismatch, "key " + key_str(h.key) + " has " + std::to_string(s.total) +
-                                           " elements, the request says " +
-                                           std::to_string(h.total));
+                  "key " + key_str(key) + ": element type differs from its init");
+    if (total != s.total)
+      throw error(errc::size_mismatch, "key " + key_str(key) + " has " + std::to_string(s.total) +
+                                           " elements, the request says " + std::to_string(total));
     return s;
   }
 
@@ -873,9 +922,14 @@ class shard {
   }
 
   void end_round_push(slice& s, int rank, const Port& from, const wire::header& h) {
-    s.round_seq.set(rank, h.aux);
+    end_round_push(s, rank, reply_to<Port>{from, h.req_id}, h.aux);
+  }
+  // Worker `rank`'s push number `seq` of the round is in: `to` is answered when the round
+  // completes.
+  void end_round_push(slice& s, int rank, reply_to<Port> to, std::uint64_t seq) {
+    s.round_seq.set(rank, seq);
     s.round_done.insert(rank);
-    s.round_waiters.push_back({from, h.req_id});
+    s.round_waiters.push_back(std::move(to));
     if (!dead_.empty()) check_dead(s);
     if (!s.round_waiters.empty()) maybe_complete(s);
   }
@@ -949,8 +1003,7 @@ class shard {
     s.round_seq.clear();
     ++s.round;
     changed();
-    for (auto& w : s.round_waiters) w.port.reply(w.req_id, errc::ok, {});
-    s.round_waiters.clear();
+    release_all(s.round_waiters, errc::ok, {});
     release_held(s);
   }
 
@@ -997,6 +1050,7 @@ class shard {
   // Answers the held pulls of `s` that may be answered now.
   void release_held(const slice& s) {
     if (held_.empty()) return;
+    if (batching_) return deferred_.held.push_back(s.key);
     for (auto& p : held_.take_ready(
              s.key, [&](const held_pull<Port>& q) { return may_answer(q.rank, s, q.h.aux); }))
       answer_held(p, s);
@@ -1043,11 +1097,9 @@ class shard {
   }
 
   void fail_round(slice& s, const std::string& why) {
-    for (auto& w : s.round_waiters)
-      w.port.reply(w.req_id, errc::node_dead,
-                   "sync round " + std::to_string(s.round) + " of key " + key_str(s.key) +
-                       " cannot complete: " + why);
-    s.round_waiters.clear();
+    release_all(s.round_waiters, errc::node_dead,
+                "sync round " + std::to_string(s.round) + " of key " + key_str(s.key) +
+                    " cannot complete: " + why);
     s.round_done.clear();
     s.round_seq.clear();
     s.cov.clear();
@@ -1064,6 +1116,24 @@ class shard {
   rank_set left_, dead_;
   bytes scratch_;          // a compressed async push's frame, decoded (at most a slice's bytes)
   held_pulls<Port> held_;  // pulls waiting for a version or slower workers
+
+  // Batched frames (server/batch.hpp).
+  friend struct batch_ops<Port>;
+  batch_waits<Port> waits_;           // batched requests waiting for their keys
+  std::uint64_t batch_stamp_ = 0;     // numbers batched frames (key_slice::batch_stamp)
+  std::vector<slice*> batch_slices_;  // a frame's slices, found before anything changes
+  bool batching_ = false;             // serving a batched frame: see begin_batch()
+  struct deferred_answer {
+    reply_to<Port> to;
+    errc status;
+    std::string message;
+  };
+  struct {
+    std::uint64_t changes = 0;
+    bool important = false;
+    std::vector<deferred_answer> answers;
+    std::vector<std::uint64_t> held;  // keys whose held pulls may be answered
+  } deferred_;
 };
 
 }  // namespace kvstore::detail

@@ -28,6 +28,10 @@ decltype(auto) with_dtype(wire::dtype t, F&& f) {
 
 using bytes = std::vector<std::byte>;
 
+/// What one key costs a server beyond its value (its slice record, map node, round state), as
+/// max_total_bytes counts it.
+inline constexpr std::uint64_t key_overhead_bytes = 256;
+
 /// No batched request (server/batch.hpp).
 inline constexpr std::uint32_t no_batch = ~std::uint32_t{0};
 

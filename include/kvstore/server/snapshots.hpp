@@ -134,10 +134,11 @@ class snapshots {
     last_ = std::chrono::steady_clock::now();
   }
 
-  /// The shard changed: saves now if the count says so, or at once when `important`.
-  void changed(bool important) {
+  /// The shard changed (`changes` keys' rounds or pushes): saves now if the count says so, or
+  /// at once when `important`.
+  void changed(bool important, std::uint64_t changes = 1) {
     dirty_ = true;
-    ++changes_;
+    changes_ += changes;
     if (policy_.dir.empty()) return;
     if (important || (policy_.rounds && changes_ >= policy_.rounds)) save_quietly();
   }

@@ -156,6 +156,21 @@ inline header version_header(const key_fields& k) {
   return h;
 }
 
+/// A batched request (batch_init, batch_push, batch_pull; issue 12): `keys` whole key slices,
+/// named in the meta (wire::encode_batch_entry), of `elements` elements together: the payload's
+/// (batch_init with `has_data`, batch_push) or the answer's (batch_pull, answered by data frames
+/// flagged flag_batch whose offsets count elements from the first key's first).
+inline header batch_header(cmd c, dtype t, std::uint64_t keys, std::uint64_t elements, int priority,
+                           bool has_data = false) {
+  header h = plain(c);
+  h.type = t;
+  h.key = keys;
+  h.total = elements;
+  h.priority = priority;
+  h.flags = flag_last | (has_data ? flag_has_data : 0u);
+  return h;
+}
+
 inline header dead_count_header(int groups, std::uint64_t timeout_ms) {
   header h = plain(cmd::dead_count);
   h.key = static_cast<std::uint64_t>(groups);

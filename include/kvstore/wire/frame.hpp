@@ -8,6 +8,7 @@
 #include <kvstore/error.hpp>
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -49,7 +50,10 @@ enum class cmd : std::uint16_t {
   checkpoint,     ///< worker -> server: write the shard's snapshot now
   version,        ///< worker -> server: answer with the key slice's version (issue 13)
   key_options,    ///< worker -> server: a key's lr_mult / wd_mult (issue 13)
-  last_ = key_options,
+  batch_init,     ///< worker -> server: many small keys' inits (meta: batch entries; issue 12)
+  batch_push,     ///< worker -> server: many small keys' pushes, values one after the other
+  batch_pull,     ///< worker -> server: many small keys' values (answered by data frames)
+  last_ = batch_pull,
 };
 
 /// Element types on the wire.
@@ -76,6 +80,9 @@ enum flag : std::uint32_t {
   /// push/pull: an element range of the key (meta: range_meta, its offset and length on this
   /// server); data: the answer of a range pull (offset counted from the range's first element)
   flag_range = 1u << 3,
+  /// data: the answer of a batch_pull (its keys' values one after the other; offset counted
+  /// in elements from the first)
+  flag_batch = 1u << 4,
 };
 
 /// Bits 24-27 of a push's, pull's or data frame's flags: the payload's encoding
@@ -118,29 +125,32 @@ struct header {
 };
 
 namespace detail {
-inline void put16(std::byte* p, std::uint16_t v) {
-  for (int i = 0; i < 2; ++i) p[i] = std::byte(v >> (8 * i));
+// Little-endian fields: a plain load or store where the machine is little-endian (byte loops are
+// not always seen as one by the compiler, and a batched frame reads three per key).
+template <class U>
+inline void put_le(std::byte* p, U v) {
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(p, &v, sizeof v);
+  } else {
+    for (std::size_t i = 0; i < sizeof v; ++i) p[i] = std::byte(v >> (8 * i));
+  }
 }
-inline void put32(std::byte* p, std::uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = std::byte(v >> (8 * i));
-}
-inline void put64(std::byte* p, std::uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = std::byte(v >> (8 * i));
-}
-inline std::uint16_t get16(const std::byte* p) {
-  return static_cast<std::uint16_t>(std::to_integer<unsigned>(p[0]) |
-                                    (std::to_integer<unsigned>(p[1]) << 8));
-}
-inline std::uint32_t get32(const std::byte* p) {
-  std::uint32_t v = 0;
-  for (int i = 3; i >= 0; --i) v = (v << 8) | std::to_integer<std::uint32_t>(p[i]);
+template <class U>
+inline U get_le(const std::byte* p) {
+  U v = 0;
+  if constexpr (std::endian::native == std::endian::little) {
+    std::memcpy(&v, p, sizeof v);
+  } else {
+    for (std::size_t i = sizeof v; i-- > 0;) v = static_cast<U>((v << 8) | std::to_integer<U>(p[i]));
+  }
   return v;
 }
-inline std::uint64_t get64(const std::byte* p) {
-  std::uint64_t v = 0;
-  for (int i = 7; i >= 0; --i) v = (v << 8) | std::to_integer<std::uint64_t>(p[i]);
-  return v;
-}
+inline void put16(std::byte* p, std::uint16_t v) { put_le(p, v); }
+inline void put32(std::byte* p, std::uint32_t v) { put_le(p, v); }
+inline void put64(std::byte* p, std::uint64_t v) { put_le(p, v); }
+inline std::uint16_t get16(const std::byte* p) { return get_le<std::uint16_t>(p); }
+inline std::uint32_t get32(const std::byte* p) { return get_le<std::uint32_t>(p); }
+inline std::uint64_t get64(const std::byte* p) { return get_le<std::uint64_t>(p); }
 }  // namespace detail
 
 using header_bytes = std::array<std::byte, header_size>;

@@ -14,6 +14,7 @@
 #include <bit>
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -298,6 +299,66 @@ inline range_meta decode_range(std::string_view s) {
                             std::to_string(m.offset) + " wraps");
     return m;
   });
+}
+
+// ---- batched requests: worker -> server (batch_init, batch_push, batch_pull) ------------------
+// n entries of 24 bytes: u64 key | u64 elements | u64 aux. Each names a whole key slice (the
+// key's elements, all on this server) and aux is the row length (batch_init, 0 for a vector),
+// the push number (batch_push, as a push's aux) or 0 (batch_pull). The payload (batch_init with
+// data, batch_push), or a batch_pull's answer, holds the entries' values one after the other.
+
+struct batch_entry {
+  std::uint64_t key = 0, elements = 0, aux = 0;
+};
+inline constexpr std::size_t batch_entry_size = 24;
+
+/// Writes entry `e` at `at` (batch_entry_size bytes).
+inline void put_batch_entry(char* at, const batch_entry& e) {
+  auto* p = reinterpret_cast<std::byte*>(at);
+  wire::detail::put64(p, e.key);
+  wire::detail::put64(p + 8, e.elements);
+  wire::detail::put64(p + 16, e.aux);
+}
+
+/// A batched request's entries, read in place from its metadata (which must outlive it).
+class batch_entries {
+ public:
+  batch_entries() = default;
+  explicit batch_entries(std::string_view meta) : s_(meta) {}
+  std::size_t size() const noexcept { return s_.size() / batch_entry_size; }
+  batch_entry operator[](std::size_t i) const noexcept {
+    const auto* p = reinterpret_cast<const std::byte*>(s_.data() + i * batch_entry_size);
+    return {wire::detail::get64(p), wire::detail::get64(p + 8), wire::detail::get64(p + 16)};
+  }
+
+ private:
+  std::string_view s_;
+};
+
+/// The entries of a batched request whose header says `keys` entries of `elements` elements
+/// together: the metadata is exactly that many entries, none empty, their elements (no
+/// overflow) add up to `elements`. Nothing is allocated.
+inline batch_entries decode_batch(std::string_view meta, std::uint64_t keys,
+                                  std::uint64_t elements) {
+  static constexpr const char* what = "batched request";
+  if (meta.size() % batch_entry_size != 0)
+    detail::bad(what, std::to_string(meta.size()) + " bytes of entries is not a whole number");
+  const batch_entries e(meta);
+  if (e.size() != keys || keys == 0)
+    detail::bad(what,
+                std::to_string(e.size()) + " entries, the header says " + std::to_string(keys));
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    const std::uint64_t n = e[i].elements;
+    if (n == 0 || n > elements - sum)
+      detail::bad(what, "key " + std::to_string(e[i].key) + ": " + std::to_string(n) +
+                            " elements, past the " + std::to_string(elements) + " the header says");
+    sum += n;
+  }
+  if (sum != elements)
+    detail::bad(what, std::to_string(sum) + " elements in the entries, the header says " +
+                          std::to_string(elements));
+  return e;
 }
 
 // ---- set_optimizer metadata: worker -> server ------------------------------------------------

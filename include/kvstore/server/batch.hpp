@@ -1,0 +1,384 @@
+// A shard's batched requests (issue 12): one frame naming many small keys (wire::decode_batch),
+// each a whole key slice, served in one pass over its keys: inits, pushes (summed into each
+// key's sync round, or applied at once in dist_async) and pulls (the values one after the other
+// in data frames). Every key of a frame is checked before anything changes, so a bad one refuses
+// the frame whole, naming the key. A request is answered once, when all its keys are done: a
+// countdown per request (batch_waits), not a waiter per key that allocates. The shard
+// (server/shard.hpp) keeps the rules; this file applies them key after key.
+#pragma once
+
+#include <kvstore/error.hpp>
+#include <kvstore/server/slice.hpp>
+#include <kvstore/wire/frame.hpp>
+#include <kvstore/wire/messages.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvstore::detail {
+
+template <class Port>
+class shard;
+
+/// Batched requests waiting for their keys (a sync round to complete, rank 0's init), each a
+/// countdown that answers its request when it reaches 0, with the first error of its keys if
+/// any. Entries are reused: none is allocated per key.
+template <class Port>
+class batch_waits {
+ public:
+  /// A countdown for request `req_id` of `port`, held open (it cannot reach 0) until the
+  /// frame's keys are all queued: done(id) once more closes it.
+  std::uint32_t open(const Port& port, std::uint64_t req_id) {
+    std::uint32_t id = free_;
+    if (id == no_batch) {
+      id = static_cast<std::uint32_t>(e_.size());
+      e_.emplace_back();
+    } else {
+      free_ = e_[id].next_free;
+    }
+    entry& e = e_[id];
+    e.port = port;
+    e.req_id = req_id;
+    e.remaining = 1;
+    e.status = errc::ok;
+    e.message.clear();
+    ++used_;
+    return id;
+  }
+  /// One more key of request `id` waits.
+  void add(std::uint32_t id) { ++e_[id].remaining; }
+  /// One key of request `id` is done (`status` ok, or its error: the first one is answered).
+  /// The last answers the request through `sh.answer`.
+  template <class Shard>
+  void done(std::uint32_t id, errc status, const std::string& message, Shard& sh) {
+    entry& e = e_[id];
+    if (status != errc::ok && e.status == errc::ok) {
+      e.status = status;
+      e.message = message;
+    }
+    if (--e.remaining) return;
+    Port port = std::move(e.port);
+    e.port = Port{};
+    const std::uint64_t req = e.req_id;
+    const errc st = e.status;
+    std::string msg = std::move(e.message);
+    e.next_free = free_;
+    free_ = id;
+    --used_;
+    sh.answer(port, req, st, std::move(msg));
+  }
+  /// Requests waiting.
+  std::size_t size() const noexcept { return used_; }
+  /// Forgets them all (the shard's slices were replaced).
+  void clear() {
+    e_.clear();
+    free_ = no_batch;
+    used_ = 0;
+  }
+
+ private:
+  struct entry {
+    Port port;
+    std::uint64_t req_id = 0;
+    std::uint64_t remaining = 0;
+    errc status = errc::ok;
+    std::string message;
+    std::uint32_t next_free = no_batch;
+  };
+  std::vector<entry> e_;
+  std::uint32_t free_ = no_batch;
+  std::size_t used_ = 0;
+};
+
+/// The shard's batched requests (a friend of it: the rules are the shard's).
+template <class Port>
+struct batch_ops {
+  using shard_t = shard<Port>;
+  using slice = key_slice<Port>;
+
+  /// batch_init: the named keys' slices (whole keys, on this server), created if new, their
+  /// value stored from the payload (rank 0: flag_has_data). Answered once every key has a value.
+  static void init(shard_t& sh, int rank, const Port& from, const wire::header& h,
+                   std::string_view meta, std::span<const std::byte> payload) {
+    const auto entries = wire::decode_batch(meta, h.key, h.total);
+    if (h.type != wire::dtype::f32 && h.type != wire::dtype::f64)
+      throw error(errc::invalid_argument, "a batched init of " + std::to_string(entries.size()) +
+                                              " keys without an element type");
+    const std::size_t elem = wire::dtype_size(h.type);
+    const bool with_data = (h.flags & wire::flag_has_data) != 0;
+    check_payload(h, entries.size(), with_data ? h.total * elem : 0, payload.size());
+    // Every key checked, and the new ones counted, before anything changes.
+    auto& found = sh.batch_slices_;
+    found.assign(entries.size(), nullptr);
+    const std::uint64_t stamp = ++sh.batch_stamp_;
+    std::uint64_t new_keys = 0, new_bytes = 0;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const wire::batch_entry e = entries[i];
+      const std::uint64_t n = e.elements, rl = e.aux;
+      if ((rl && n % rl) || n > sh.cfg_.max_key_bytes / elem)
+        throw error(errc::invalid_argument, "key " + shard_t::key_str(e.key) +
+                                                ": a batched init of " + std::to_string(n) +
+                                                " elements (row length " + std::to_string(rl) +
+                                                ") that cannot be a slice here (max_key_bytes " +
+                                                std::to_string(sh.cfg_.max_key_bytes) + ")");
+      auto it = sh.slices_.find(e.key);
+      if (it == sh.slices_.end()) {
+        ++new_keys;
+        new_bytes += n * elem + key_overhead_bytes;
+        continue;
+      }
+      slice& s = it->second;
+      named_once(s, stamp);
+      if (s.type != h.type || s.total != n || s.lo != 0 || s.hi != n || s.row_length != rl)
+        throw error(errc::size_mismatch, "key " + shard_t::key_str(e.key) + ": init with " +
+                                             std::to_string(n) + " elements (row length " +
+                                             std::to_string(rl) + ") but it was inited with " +
+                                             std::to_string(s.total) + " (row length " +
+                                             std::to_string(s.row_length) + ")");
+      if (!(s.restored && s.inited) && (s.init_done.count(rank) || (with_data && s.inited)))
+        throw error(errc::already_inited, "key " + shard_t::key_str(e.key) + " is already inited");
+      found[i] = &s;
+    }
+    admit(sh, entries, new_keys, new_bytes);
+    create_new(sh, h, entries, stamp, new_bytes);
+
+    guard g(sh);
+    const std::uint32_t id = sh.waits_.open(from, h.req_id);
+    const std::byte* src = payload.data();
+    bool stored = false;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      slice& s = *found[i];
+      const std::size_t bytes = entries[i].elements * elem;
+      if (s.restored && s.inited) {  // re-sent after a restart: answered, not refused
+        src += with_data ? bytes : 0;
+        continue;
+      }
+      s.init_done.insert(rank);
+      if (with_data) {
+        std::memcpy(s.value->data(), src, bytes);
+        src += bytes;
+        s.inited = true;
+        stored = true;
+        sh.release_all(s.init_waiters, errc::ok, {});
+      } else if (!s.inited) {
+        s.init_waiters.push_back({Port{}, 0, id});
+        sh.waits_.add(id);
+      }
+    }
+    if (stored) sh.changed(true);
+    sh.waits_.done(id, errc::ok, {}, sh);
+  }
+
+  /// batch_push: each key's value from the payload, as a push of a whole key (numbered by its
+  /// entry's aux): summed into the key's sync round, or applied now (dist_async). Answered once
+  /// every key's round completed (at once in dist_async).
+  static void push(shard_t& sh, int rank, const Port& from, const wire::header& h,
+                   std::string_view meta, std::span<const std::byte> payload) {
+    const auto entries = wire::decode_batch(meta, h.key, h.total);
+    check_payload(h, entries.size(), h.total * wire::dtype_size(h.type), payload.size());
+    sh.refuse_if_left(rank, entries[0].key);
+    const std::uint64_t stamp = ++sh.batch_stamp_;
+    auto& found = sh.batch_slices_;
+    found.resize(entries.size());
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const wire::batch_entry e = entries[i];
+      slice& s = whole_slice(sh, h, e);
+      named_once(s, stamp);
+      if (sh.cfg_.sync && !s.duplicate(rank, e.aux) && s.round_done.count(rank))
+        throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
+                                        shard_t::key_str(e.key) + " twice in round " +
+                                        std::to_string(s.round));
+      found[i] = &s;
+    }
+    // The only worker in the group: each key's round is this push alone, applied at once
+    // (what the round would do, without its merge buffer and waiters).
+    const bool alone = sh.cfg_.sync && sh.active_workers() == 1;
+    guard g(sh);
+    const std::uint32_t id = sh.waits_.open(from, h.req_id);
+    with_dtype(h.type, [&]<class T>() {
+      const T* src = reinterpret_cast<const T*>(payload.data());
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        slice& s = *found[i];
+        const std::uint64_t n = s.size(), seq = entries[i].aux;
+        const T* value = src;
+        src += n;
+        if (s.duplicate(rank, seq)) continue;  // re-sent after a restart: applied before
+        if (alone && s.cov.empty()) {
+          sh.template apply_range<T>(s, value, 0, n, /*new_step=*/true);
+          if (seq) s.applied.set(rank, std::max(s.applied.get(rank), seq));
+          ++s.round;
+          sh.changed();
+          sh.release_held(s);
+          continue;
+        }
+        if (sh.cfg_.sync) {
+          sh.begin_round_push(s, rank);
+          shard_t::template contribute<T>(s, 0, value, n);
+          sh.waits_.add(id);
+          sh.end_round_push(s, rank, reply_to<Port>{Port{}, 0, id}, seq);
+          continue;
+        }
+        bool first = true;
+        if (s.take_async_frame(rank, seq, true, first))
+          sh.template apply_range<T>(s, value, 0, n, first);
+        s.parts.erase(rank);
+        if (seq) s.applied.set(rank, seq);
+        ++s.round;  // the slice's version in dist_async: pushes applied
+        sh.changed();
+        sh.release_held(s);
+      }
+    });
+    sh.waits_.done(id, errc::ok, {}, sh);
+  }
+
+  /// batch_pull: the keys' values one after the other, in data frames of at most chunk_bytes
+  /// flagged flag_batch. A batched pull is never held: one that would wait (a slower worker
+  /// under bounded staleness) is refused, unsupported, and the worker pulls those keys one by
+  /// one.
+  static void pull(shard_t& sh, int rank, const Port& from, const wire::header& h,
+                   std::string_view meta) {
+    const auto entries = wire::decode_batch(meta, h.key, h.total);
+    const std::size_t elem = wire::dtype_size(h.type);
+    if (!elem || h.total > sh.cfg_.max_frame_bytes / elem)
+      throw error(errc::invalid_argument,
+                  "a batched pull of " + std::to_string(entries.size()) + " keys and " +
+                      std::to_string(h.total) + " elements: more than max_frame_bytes (" +
+                      std::to_string(sh.cfg_.max_frame_bytes) + ") in one answer");
+    const std::uint64_t stamp = ++sh.batch_stamp_;
+    auto& found = sh.batch_slices_;
+    found.resize(entries.size());
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      slice& s = whole_slice(sh, h, entries[i]);
+      named_once(s, stamp);
+      if (!sh.may_answer(rank, s, 0))
+        throw error(errc::unsupported, "key " + shard_t::key_str(s.key) +
+                                           ": a batched pull cannot wait for slower workers "
+                                           "(staleness); pull it alone");
+      found[i] = &s;
+    }
+    auto buf = std::make_shared<bytes>(h.total * elem);
+    std::byte* at = buf->data();
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      const slice& s = *found[i];
+      std::memcpy(at, s.value->data(), s.value->size());
+      at += s.value->size();
+    }
+    const std::size_t chunk = std::max<std::size_t>(1, sh.cfg_.chunk_bytes / elem);
+    for (std::uint64_t off = 0; off < h.total; off += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, h.total - off);
+      wire::header f;
+      f.command = wire::cmd::data;
+      f.req_id = h.req_id;
+      f.key = h.key;
+      f.total = h.total;
+      f.type = h.type;
+      f.priority = h.priority;
+      f.offset = off;
+      f.flags = wire::flag_batch | (off + n == h.total ? wire::flag_last : 0u);
+      from.send(f, {buf->data() + off * elem, static_cast<std::size_t>(n * elem)}, buf);
+    }
+  }
+
+ private:
+  // While a frame's keys are served, answers wait for its changes (shard::begin_batch); also
+  // when a key throws half-way (an optimizer's update).
+  struct guard {
+    explicit guard(shard_t& s) : sh(s) { sh.begin_batch(); }
+    ~guard() { sh.end_batch(); }
+    guard(const guard&) = delete;
+    guard& operator=(const guard&) = delete;
+    shard_t& sh;
+  };
+
+  // The payload holds exactly the entries' values.
+  static void check_payload(const wire::header& h, std::size_t keys, std::uint64_t want,
+                            std::size_t have) {
+    if (!wire::dtype_size(h.type) || h.total > std::numeric_limits<std::uint64_t>::max() / 8 ||
+        want != have)
+      throw error(errc::protocol, "a batched request of " + std::to_string(keys) + " keys and " +
+                                      std::to_string(h.total) + " elements with a payload of " +
+                                      std::to_string(have) + " bytes");
+  }
+
+  // A key named twice in one frame: the worker never sends that.
+  static void named_once(slice& s, std::uint64_t stamp) {
+    if (s.batch_stamp == stamp)
+      throw error(errc::protocol,
+                  "key " + shard_t::key_str(s.key) + " named twice in one batched request");
+    s.batch_stamp = stamp;
+  }
+
+  // The inited slice of entry e, which must be the whole key: a batch carries whole keys.
+  static slice& whole_slice(shard_t& sh, const wire::header& h, const wire::batch_entry& e) {
+    slice& s = sh.find(e.key, h.type, e.elements);
+    if (s.lo != 0 || s.hi != s.total)
+      throw error(errc::size_mismatch,
+                  "key " + shard_t::key_str(e.key) + ": a batched request carries whole keys, " +
+                      sh.who_ + " holds elements [" + std::to_string(s.lo) + ", " +
+                      std::to_string(s.hi) + ") of its " + std::to_string(s.total));
+    return s;
+  }
+
+  // The new keys of a batched init fit max_keys and max_total_bytes (shard::admit_new_slice).
+  static void admit(shard_t& sh, const wire::batch_entries& entries, std::uint64_t keys,
+                    std::uint64_t bytes) {
+    if (!keys) return;
+    const auto& c = sh.cfg_;
+    auto first_new = [&] {
+      for (std::size_t i = 0; i < entries.size(); ++i)
+        if (!sh.slices_.count(entries[i].key)) return shard_t::key_str(entries[i].key);
+      return std::string("?");
+    };
+    if (keys > c.max_keys || sh.slices_.size() > c.max_keys - keys)
+      throw error(errc::invalid_argument,
+                  "key " + first_new() + ": " + std::to_string(keys) + " new keys would take " +
+                      sh.who_ + " past its max_keys (" + std::to_string(c.max_keys) +
+                      ", KVSTORE_MAX_KEYS; " + std::to_string(sh.slices_.size()) + " held)");
+    if (c.max_total_bytes &&
+        (bytes > c.max_total_bytes || sh.held_bytes_ > c.max_total_bytes - bytes))
+      throw error(errc::invalid_argument,
+                  "key " + first_new() + ": " + std::to_string(bytes) + " more bytes would take " +
+                      sh.who_ + " past its max_total_bytes (" + std::to_string(c.max_total_bytes) +
+                      ", KVSTORE_MAX_TOTAL_BYTES; " + std::to_string(sh.held_bytes_) + " held)");
+  }
+
+  // Makes the slices of the keys not found (found[i] == nullptr). A new key named twice is
+  // found made already by this frame: the slices made are removed again and the frame refused.
+  static void create_new(shard_t& sh, const wire::header& h, const wire::batch_entries& entries,
+                         std::uint64_t stamp, std::uint64_t added) {
+    auto& found = sh.batch_slices_;
+    const std::uint64_t made_here = stamp + 1;  // marks the slices made here, until the end
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+      if (found[i]) continue;
+      const wire::batch_entry e = entries[i];
+      auto [it, fresh] = sh.slices_.try_emplace(e.key);
+      if (!fresh) {
+        for (std::size_t j = 0; j < i; ++j)
+          if (found[j] && found[j]->batch_stamp == made_here) sh.slices_.erase(found[j]->key);
+        throw error(errc::protocol,
+                    "key " + shard_t::key_str(e.key) + " named twice in one batched request");
+      }
+      slice& s = it->second;
+      s.key = e.key;
+      s.type = h.type;
+      s.total = e.elements;
+      s.lo = 0;
+      s.hi = e.elements;
+      s.row_length = e.aux;
+      s.value = std::make_shared<bytes>(e.elements * wire::dtype_size(h.type));
+      s.batch_stamp = made_here;
+      found[i] = &s;
+    }
+    for (auto* s : found) s->batch_stamp = stamp;
+    sh.held_bytes_ += added;
+  }
+};
+
+}  // namespace kvstore::detail

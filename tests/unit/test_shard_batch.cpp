@@ -1,0 +1,317 @@
+// The shard's batched frames (server/batch.hpp): many small keys' inits, pushes and pulls in one
+// frame each, answered once per request; checked whole before anything changes; sharing rounds,
+// versions, exactly-once and membership with one-key requests.
+#include <kvstore/server/batch.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include "support/shard_fixture.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+using namespace kvtest_shard;
+
+namespace {
+
+/// One key of a batched frame: its id, value (or, for a pull, as many elements as it asks) and
+/// the entry's aux (push number, row length).
+struct bkey {
+  std::uint64_t key;
+  std::vector<float> value;
+  std::uint64_t aux = 0;
+};
+
+/// Sends a batched frame of `c` from `rank` naming `ks` (with their values as the payload when
+/// `data`); returns its request id. Throws as the shard does.
+std::uint64_t send(fixture& f, int rank, wire::cmd c, const std::vector<bkey>& ks,
+                   bool data = true) {
+  std::string meta(ks.size() * wire::batch_entry_size, '\0');
+  std::vector<float> payload;
+  std::uint64_t elements = 0;
+  for (std::size_t i = 0; i < ks.size(); ++i) {
+    wire::put_batch_entry(meta.data() + i * wire::batch_entry_size,
+                          {ks[i].key, ks[i].value.size(), ks[i].aux});
+    elements += ks[i].value.size();
+    if (data) payload.insert(payload.end(), ks[i].value.begin(), ks[i].value.end());
+  }
+  wire::header h = wire::batch_header(c, wire::dtype::f32, ks.size(), elements, 0,
+                                      c == wire::cmd::batch_init && data);
+  h.req_id = ++f.req;
+  h.payload_len = payload.size() * sizeof(float);
+  f.sh.handle(rank, f.port(rank), h, meta, bytes_of(payload));
+  return h.req_id;
+}
+
+/// The responses to request `id` in `rank`'s outbox (taken out).
+std::vector<answer> responses(fixture& f, int rank, std::uint64_t id) {
+  std::vector<answer> out;
+  auto& g = f.got(rank);
+  for (auto it = g.begin(); it != g.end();) {
+    if (it->h.req_id == id && !it->data) {
+      out.push_back(*it);
+      it = g.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
+/// A batched pull's answer: its data frames (flagged flag_batch, offsets counted from the first
+/// key's first element), put together.
+std::vector<float> pulled(fixture& f, const std::vector<bkey>& ks, int rank = 0) {
+  auto& g = f.got(rank);
+  g.clear();
+  const std::uint64_t id = send(f, rank, wire::cmd::batch_pull, ks, false);
+  std::vector<float> out;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    REQUIRE(g[i].data);
+    CHECK(g[i].h.req_id == id);
+    CHECK((g[i].h.flags & wire::flag_batch) != 0);
+    CHECK(g[i].h.offset == out.size());
+    CHECK(((g[i].h.flags & wire::flag_last) != 0) == (i + 1 == g.size()));
+    out.insert(out.end(), g[i].values.begin(), g[i].values.end());
+  }
+  g.clear();
+  return out;
+}
+
+template <class F>
+errc refused(F&& f) {
+  return error_of(std::forward<F>(f));
+}
+
+}  // namespace
+
+TEST_CASE("batched init, push and pull: one answer each, values in the entries' order" *
+          doctest::timeout(10)) {
+  fixture f(1, true, 8);  // answers in frames of 2 floats
+  const auto init = send(f, 0, wire::cmd::batch_init, {{1, {1}}, {2, {2, 3}}, {4, {4}}});
+  REQUIRE(responses(f, 0, init).size() == 1);
+  CHECK(f.changes == std::vector<bool>{true});  // one report for the frame, before its answer
+  CHECK(f.sh.slices().size() == 3);
+  const auto push =
+      send(f, 0, wire::cmd::batch_push, {{1, {10}, 1}, {2, {20, 30}, 1}, {4, {40}, 1}});
+  auto r = responses(f, 0, push);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].status == errc::ok);
+  CHECK(f.counts.back() == 3);  // three rounds completed: one report
+  CHECK(pulled(f, {{4, {0}}, {1, {0}}, {2, {0, 0}}}) == std::vector<float>{40, 10, 20, 30});
+  // The keys are the one-key path's too: pulled, pushed and counted alike.
+  CHECK(f.pull(2, 2) == std::vector<float>{20, 30});
+  CHECK(f.version(2, 2) == 1);
+  f.push(0, 2, {5, 6}, 0, 2, 2);
+  CHECK(f.got(0).back().status == errc::ok);
+  CHECK(pulled(f, {{2, {0, 0}}}) == std::vector<float>{5, 6});
+  CHECK(f.version(2, 2) == 2);
+  CHECK(f.version(4, 1) == 1);
+}
+
+TEST_CASE(
+    "dist_sync, two workers: answered once every key's round completed; one-key and "
+    "batched pushes share rounds" *
+    doctest::timeout(10)) {
+  fixture f(2);
+  for (std::uint64_t k : {1, 2, 4}) f.init_all(k, {0}, 0, 1, 1);
+  const auto b0 = send(f, 0, wire::cmd::batch_push, {{1, {1}, 1}, {2, {2}, 1}, {4, {4}, 1}});
+  CHECK(responses(f, 0, b0).empty());
+  f.push(1, 1, {10}, 0, 1, 1);
+  f.push(1, 2, {20}, 0, 1, 1);
+  CHECK(f.got(1).size() == 2);         // worker 1's rounds of keys 1 and 2 completed
+  CHECK(responses(f, 0, b0).empty());  // worker 0 still waits for key 4
+  const auto b1 = send(f, 1, wire::cmd::batch_push, {{4, {40}, 1}});
+  CHECK(responses(f, 0, b0).size() == 1);
+  CHECK(responses(f, 1, b1).size() == 1);
+  CHECK(pulled(f, {{1, {0}}, {2, {0}}, {4, {0}}}) == std::vector<float>{11, 22, 44});
+  // The same worker twice in a round: the second frame breaks the protocol.
+  send(f, 0, wire::cmd::batch_push, {{1, {1}, 2}});
+  CHECK(refused([&] { send(f, 0, wire::cmd::batch_push, {{1, {1}, 3}}); }) == errc::protocol);
+}
+
+TEST_CASE(
+    "exactly once: a batched push re-sent after a restart applies what the snapshot "
+    "lacks" *
+    doctest::timeout(10)) {
+  for (bool sync : {true, false}) {
+    CAPTURE(sync);
+    fixture a(1, sync);
+    send(a, 0, wire::cmd::batch_init, {{1, {1}}, {2, {2}}});
+    a.got(0).clear();
+    a.set_optimizer("add", params_of(optim::add{}));
+    send(a, 0, wire::cmd::batch_push, {{1, {1}, 1}, {2, {1}, 1}});
+    const auto file = wire::encode_snapshot(kvstore::detail::take_snapshot(a.sh, 0));
+    fixture b(1, sync);
+    kvstore::detail::restore_snapshot(b.sh, wire::decode_snapshot(file, "test"), 1);
+    // Re-sent: key 1's push 1 is in the snapshot, key 2's push 2 is new.
+    const auto again = send(b, 0, wire::cmd::batch_push, {{1, {1}, 1}, {2, {1}, 2}});
+    auto r = responses(b, 0, again);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].status == errc::ok);
+    CHECK(pulled(b, {{1, {0}}, {2, {0}}}) == std::vector<float>{2, 4});
+    CHECK(b.version(1, 1) == 1);
+    CHECK(b.version(2, 1) == 2);
+    // A restored init re-sent is answered, not refused.
+    CHECK(responses(b, 0, send(b, 0, wire::cmd::batch_init, {{1, {9}}})).size() == 1);
+    CHECK(pulled(b, {{1, {0}}}) == std::vector<float>{2});
+  }
+}
+
+TEST_CASE("a batched frame is checked whole: a bad key refuses it, and nothing changes" *
+          doctest::timeout(10)) {
+  kvstore::detail::shard_config c = fixture::config(1, true, 1 << 20);
+  c.max_frame_bytes = 64;
+  fixture f(c);
+  send(f, 0, wire::cmd::batch_init, {{1, {1}}, {2, {2}}});
+  f.init(0, 3, {1, 2}, 0, 2, 4);  // key 3: elements [0, 2) of 4 here
+  f.got(0).clear();
+  const std::size_t reports = f.changes.size();
+  auto unchanged = [&] {
+    CHECK(pulled(f, {{1, {0}}, {2, {0}}}) == std::vector<float>{1, 2});
+    CHECK(f.version(1, 1) == 0);
+    CHECK(f.version(2, 1) == 0);
+    CHECK(f.changes.size() == reports);
+    CHECK(f.sh.slices().size() == 3);
+  };
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_push, {{1, {5}, 1}, {9, {5}, 1}});
+        }) == errc::unknown_key);
+  unchanged();
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_push, {{1, {5}, 1}, {2, {5, 5}, 1}});
+        }) == errc::size_mismatch);
+  unchanged();
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_push, {{2, {5}, 1}, {2, {6}, 2}});
+        }) == errc::protocol);
+  unchanged();
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_pull, {{1, {0}}, {3, {0, 0, 0, 0}}}, false);
+        }) == errc::size_mismatch);  // key 3 is not whole here
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_pull, {{1, {0, 0}}}, false);
+        }) == errc::size_mismatch);
+  CHECK(
+      refused([&] {
+        send(f, 0, wire::cmd::batch_pull, {{1, {0}}, {2, {0}}, {7, std::vector<float>(30)}}, false);
+      }) == errc::invalid_argument);  // 32 floats: past max_frame_bytes in one answer
+  // A payload that is not the entries' values, or entries that do not match the header.
+  {
+    std::string meta(wire::batch_entry_size, '\0');
+    wire::put_batch_entry(meta.data(), {1, 1, 1});
+    wire::header h = wire::batch_header(wire::cmd::batch_push, wire::dtype::f32, 1, 1, 0);
+    const std::vector<float> two{1, 2};
+    CHECK(refused([&] { f.sh.handle(0, f.port(0), h, meta, bytes_of(two)); }) == errc::protocol);
+    h.key = 2;
+    CHECK(refused([&] { f.sh.handle(0, f.port(0), h, meta, bytes_of({1})); }) == errc::protocol);
+    h.key = 1;
+    h.total = 3;
+    CHECK(refused([&] { f.sh.handle(0, f.port(0), h, meta, bytes_of({1})); }) == errc::protocol);
+    // A header naming a billion keys over 24 bytes of entries: refused before any is read.
+    h.key = 1'000'000'000;
+    h.total = 1;
+    CHECK(refused([&] { f.sh.handle(0, f.port(0), h, meta, bytes_of({1})); }) == errc::protocol);
+    // The sink takes what max_frame_bytes allows, no more.
+    h.key = 1;
+    h.payload_len = 65;
+    CHECK(refused([&] { f.sh.sink(0, h); }) == errc::protocol);
+  }
+  unchanged();
+  // A worker that left pushes no more.
+  f.sh.worker_left(0);
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_push, {{1, {5}, 1}});
+        }) == errc::invalid_argument);
+}
+
+TEST_CASE(
+    "batched inits: others wait for rank 0's values; a key taken, named twice or past "
+    "max_keys refuses the frame before anything is made" *
+    doctest::timeout(10)) {
+  kvstore::detail::shard_config c = fixture::config(2, true, 1 << 20);
+  c.max_keys = 4;
+  fixture f(c);
+  const auto r1 = send(f, 1, wire::cmd::batch_init, {{1, {0}}, {2, {0, 0}}}, false);
+  CHECK(responses(f, 1, r1).empty());
+  CHECK(f.sh.slices().size() == 2);  // made, not inited: a pull of them is unknown
+  CHECK(refused([&] { f.pull(1, 1); }) == errc::unknown_key);
+  const auto r0 = send(f, 0, wire::cmd::batch_init, {{2, {5, 6}}, {1, {7}}});
+  CHECK(responses(f, 0, r0).size() == 1);
+  CHECK(responses(f, 1, r1).size() == 1);
+  CHECK(pulled(f, {{1, {0}}, {2, {0, 0}}}) == std::vector<float>{7, 5, 6});
+  // Refused whole: nothing made, no slot taken.
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_init, {{3, {1}}, {1, {1}}});
+        }) == errc::already_inited);
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_init, {{3, {1}}, {3, {1}}});
+        }) == errc::protocol);
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_init, {{3, {1}}, {5, {1}}, {6, {1}}});
+        }) == errc::invalid_argument);  // 5 keys: past max_keys
+  CHECK(refused([&] {
+          send(f, 0, wire::cmd::batch_init, {{3, {1}}, {1, {1, 1}}});
+        }) == errc::size_mismatch);
+  CHECK(f.sh.slices().size() == 2);
+  CHECK(responses(f, 0, send(f, 0, wire::cmd::batch_init, {{3, {1}}, {5, {2}}})).size() == 1);
+  CHECK(f.sh.slices().size() == 4);
+}
+
+TEST_CASE("a batched frame's changes are reported once, before any of its answers" *
+          doctest::timeout(10)) {
+  fixture f(2);
+  for (std::uint64_t k = 1; k <= 5; ++k) f.init_all(k, {0}, 0, 1, 1);
+  std::size_t answered_at_report = 99;
+  f.on_change = [&] { answered_at_report = f.got(0).size() + f.got(1).size(); };
+  // Worker 1's one-key pushes of keys 1 and 2 and its batch of key 3 wait for worker 0.
+  f.push(1, 1, {1}, 0, 1, 1);
+  f.push(1, 2, {1}, 0, 1, 1);
+  send(f, 1, wire::cmd::batch_push, {{3, {1}, 1}});
+  CHECK(f.got(1).empty());
+  f.counts.clear();
+  const auto id =
+      send(f, 0, wire::cmd::batch_push, {{1, {2}, 1}, {2, {2}, 1}, {3, {2}, 1}, {4, {2}, 1}});
+  CHECK(f.counts == std::vector<std::uint64_t>{3});  // keys 1-3 done; 4 waits for worker 1
+  CHECK(answered_at_report == 0);                    // the report came first
+  CHECK(f.got(1).size() == 3);                       // worker 1's pushes and its batch
+  CHECK(responses(f, 0, id).empty());                // worker 0 waits for key 4's round
+  send(f, 1, wire::cmd::batch_push, {{4, {1}, 1}, {5, {1}, 1}});
+  CHECK(responses(f, 0, id).size() == 1);
+  CHECK(pulled(f, {{1, {0}}, {4, {0}}, {5, {0}}}) == std::vector<float>{3, 3, 0});  // 5 waits
+}
+
+TEST_CASE("a worker's death fails the batched request waiting on its rounds, once" *
+          doctest::timeout(10)) {
+  fixture f(2);
+  for (std::uint64_t k : {1, 2}) f.init_all(k, {0}, 0, 1, 1);
+  const auto id = send(f, 0, wire::cmd::batch_push, {{1, {1}, 1}, {2, {1}, 1}});
+  f.sh.worker_dead(1, "worker 1 (node 11) died");
+  auto r = responses(f, 0, id);
+  REQUIRE(r.size() == 1);
+  CHECK(r[0].status == errc::node_dead);
+  CHECK(r[0].message.find("worker 1") != std::string::npos);
+  // A batched init waiting for rank 0's value fails when rank 0 dies.
+  fixture g(2);
+  const auto w = send(g, 1, wire::cmd::batch_init, {{1, {0}}, {2, {0}}}, false);
+  g.sh.worker_dead(0, "worker 0 died");
+  auto gr = responses(g, 1, w);
+  REQUIRE(gr.size() == 1);
+  CHECK(gr[0].status == errc::node_dead);
+}
+
+TEST_CASE("a batched pull never waits: under bounded staleness one that would is unsupported" *
+          doctest::timeout(10)) {
+  kvstore::detail::shard_config c = fixture::config(2, false, 1 << 20);
+  c.staleness = 0;
+  fixture f(c);
+  send(f, 0, wire::cmd::batch_init, {{1, {0}}, {2, {0}}});
+  send(f, 1, wire::cmd::batch_init, {{1, {0}}, {2, {0}}}, false);
+  f.got(0).clear();
+  CHECK(pulled(f, {{1, {0}}, {2, {0}}}) == std::vector<float>{0, 0});  // nobody ahead
+  send(f, 0, wire::cmd::batch_push, {{1, {3}, 1}, {2, {4}, 1}});
+  CHECK(refused([&] { pulled(f, {{1, {0}}, {2, {0}}}); }) == errc::unsupported);
+  send(f, 1, wire::cmd::batch_push, {{1, {5}, 1}, {2, {6}, 1}});
+  CHECK(pulled(f, {{1, {0}}, {2, {0}}}) == std::vector<float>{5, 6});  // async: the last push
+}
