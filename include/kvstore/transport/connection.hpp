@@ -700,7 +700,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::vector<out_frame> inflight_;
   std::vector<out_frame> partial_;  // a frame the caller's thread sent in part (write_now)
   std::atomic<std::uint64_t> direct_writes_{0};  // write_now calls that wrote: a release point
-  std::size_t partial_skip_ = 0;    // how much of it went
+  std::size_t partial_skip_ = 0;                 // how much of it went
   std::vector<wire::header_bytes> hdrs_;
 };
 
