@@ -153,3 +153,31 @@ TEST_CASE("dist: optimizer states saved and loaded through the layer" * doctest:
   std::filesystem::remove(path);
   std::filesystem::remove(ref_path);
 }
+
+TEST_CASE(
+    "dist: set_gradient_compression reaches the store, in MXNet's form ({'type': '2bit', "
+    "'threshold': 0.5}) and as kvstore's type" *
+    doctest::timeout(90)) {
+  env_cluster ec(2, /*sync=*/true);
+  run_workers(2, "dist_sync", [](KVStore& kv) {
+    kv.init(3, std::vector<float>(4, 0.0f));
+    kv.init(5, std::vector<float>(4, 0.0f));
+    kv.set_gradient_compression({{"type", "2bit"}, {"threshold", "0.5"}});
+    // 2-bit, threshold 0.5: a push of 0.3 sends 0 (0.3 stays in the residual), the next 0.3
+    // sends 0.5. No optimizer: each round stores the two workers' sum.
+    const std::vector<float> g(4, 0.3f);
+    kv.push(3, g);
+    CHECK(pulled(kv, 3, 4) == std::vector<float>(4, 0.0f));
+    kv.push(3, g);
+    CHECK(pulled(kv, 3, 4) == std::vector<float>(4, 1.0f));
+    // IEEE half both ways: 0.1f travels as 0.0999755859375; the sum of two, exact in half.
+    kv.set_gradient_compression({.type = kvstore::compression::fp16});
+    kv.push(5, std::vector<float>(4, 0.1f));
+    CHECK(pulled(kv, 5, 4) == std::vector<float>(4, 0.199951171875f));
+    kvtest::expect_error(
+        [&] {
+          kv.set_gradient_compression({{"type", "1bit"}});
+        },
+        kvstore::errc::invalid_argument, {"type \"1bit\""});
+  });
+}

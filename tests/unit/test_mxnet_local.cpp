@@ -117,3 +117,45 @@ TEST_CASE("create: a dist name that KVSTORE_TYPE contradicts is refused before c
   else
     ::unsetenv("KVSTORE_TYPE");
 }
+
+TEST_CASE(
+    "set_gradient_compression: refused on local as MXNet does; MXNet's parameters are checked, "
+    "each error naming the call and the parameter" *
+    doctest::timeout(30)) {
+  auto kv = KVStore::create("local");
+  expect_error(
+      [&] {
+        kv.set_gradient_compression({{"type", "2bit"}, {"threshold", "0.5"}});
+      },
+      errc::unsupported, {"set_gradient_compression", "local"});
+  expect_error([&] { kv.set_gradient_compression({.type = kvstore::compression::fp16}); },
+               errc::unsupported, {"set_gradient_compression", "local"});
+  expect_error(
+      [&] {
+        kv.set_gradient_compression({{"type", "3bit"}});
+      },
+      errc::invalid_argument, {"set_gradient_compression", "type \"3bit\"", "2bit"});
+  expect_error(
+      [&] {
+        kv.set_gradient_compression({{"threshold", "0.5"}});
+      },
+      errc::invalid_argument, {"set_gradient_compression", "no \"type\""});
+  for (const char* th : {"0", "-1", "abc", "0.5x", "inf", ""})
+    expect_error(
+        [&] {
+          kv.set_gradient_compression({{"type", "2bit"}, {"threshold", th}});
+        },
+        errc::invalid_argument,
+        {"set_gradient_compression", "threshold \"" + std::string(th) + "\""});
+  expect_error(
+      [&] {
+        kv.set_gradient_compression({{"type", "2bit"}, {"thresold", "0.5"}});
+      },
+      errc::invalid_argument, {"set_gradient_compression", "unknown parameter \"thresold\""});
+  kv.dispose();
+  expect_error(
+      [&] {
+        kv.set_gradient_compression({{"type", "2bit"}});
+      },
+      errc::shutdown, {"set_gradient_compression"});
+}

@@ -19,12 +19,15 @@
 #include <kvstore/kvstore.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <initializer_list>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -275,6 +278,34 @@ class KVStore {
     live("set_barrier_before_exit").store->set_barrier_before_exit(barrier_before_exit);
   }
 
+  // ---- compression ---------------------------------------------------------------------------
+
+  /// MXNet's set_gradient_compression: this worker's wire compression for every key from its
+  /// next push or pull on (the store's set_gradient_compression: two_bit with its threshold,
+  /// fp16, bf16, bf16_trunc; servers keep full precision). As MXNet, only device and dist stores
+  /// compress. Throws kvstore::error: unsupported (a local store, as MXNet's "not supported for
+  /// this type of kvstore"), invalid_argument (a type out of range, a two_bit threshold that is
+  /// not finite and > 0); then nothing changed.
+  void set_gradient_compression(const compression& c) {
+    auto& s = live("set_gradient_compression");
+    if (s.name == "local")
+      throw error(errc::unsupported,
+                  "kvstore: mxnet::KVStore::set_gradient_compression: gradient compression is not "
+                  "supported for a local kvstore (as in MXNet: values do not travel); use device "
+                  "or dist");
+    s.store->set_gradient_compression(c);
+  }
+
+  /// MXNet's own form, its compression_params as MXKVStoreSetGradientCompression takes them
+  /// (string keys and values): kv.set_gradient_compression({{"type", "2bit"}, {"threshold",
+  /// "0.5"}}). "type": MXNet's "2bit" or "none", or kvstore's "fp16", "bf16", "bf16_trunc";
+  /// "threshold": 2bit's, a number (default 0.5, MXNet's). Throws kvstore::error:
+  /// invalid_argument (no type, an unknown type or parameter, a threshold that is not a finite
+  /// number > 0), and what the typed call throws.
+  void set_gradient_compression(const std::map<std::string, std::string>& params) {
+    set_gradient_compression(parse_compression(params));
+  }
+
  private:
   using erased_store_dist = detail::erased_store::dist_store;
 
@@ -312,6 +343,46 @@ class KVStore {
 
   [[noreturn]] static void fail(errc c, const key& k, const std::string& problem) {
     throw error(c, "kvstore: row_sparse_pull of key " + k.str() + ": " + problem);
+  }
+
+  static compression parse_compression(const std::map<std::string, std::string>& params) {
+    const auto bad = [](const std::string& problem) {
+      return error(errc::invalid_argument,
+                   "kvstore: mxnet::KVStore::set_gradient_compression: " + problem);
+    };
+    static constexpr std::pair<std::string_view, compression::kind> types[] = {
+        {"none", compression::none},
+        {"2bit", compression::two_bit},
+        {"fp16", compression::fp16},
+        {"bf16", compression::bf16},
+        {"bf16_trunc", compression::bf16_trunc}};
+    compression c;
+    bool typed = false;
+    for (const auto& [name, value] : params) {
+      if (name == "type") {
+        const auto* t = std::find_if(std::begin(types), std::end(types),
+                                     [&](const auto& e) { return e.first == value; });
+        if (t == std::end(types))
+          throw bad("type \"" + value + "\" is not one of none, 2bit, fp16, bf16, bf16_trunc");
+        c.type = t->second;
+        typed = true;
+      } else if (name == "threshold") {
+        std::size_t used = 0;
+        float th = 0;
+        try {
+          th = std::stof(value, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used != value.size() || !(std::isfinite(th) && th > 0))
+          throw bad("threshold \"" + value + "\" is not a finite number greater than 0");
+        c.threshold = th;
+      } else {
+        throw bad("unknown parameter \"" + name + "\" (the parameters are type and threshold)");
+      }
+    }
+    if (!typed) throw bad("no \"type\" (one of none, 2bit, fp16, bf16, bf16_trunc)");
+    return c;
   }
 
   // The servers take their mode from KVSTORE_TYPE where they start: a name that says otherwise

@@ -149,12 +149,14 @@ class connection : public std::enable_shared_from_this<connection> {
       asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
   }
 
-  /// Orders what follows after every frame a caller's thread wrote directly (send with
-  /// may_write_now) and the bytes it read: the socket orders them for the peer, but not for the
-  /// memory model. A worker calls it before completing a request on its answer, so a caller that
-  /// reuses or frees a pushed buffer once the op is done never races the sendmsg that read it.
+  /// Returns once no caller's thread is inside a direct write (send with may_write_now) on this
+  /// connection, ordered after the writes that finished. The peer may answer a frame before the
+  /// sendmsg that wrote it has returned (and sanitizers read the frame's buffers after the
+  /// syscall): a worker calls this before completing a request on its answer, so a caller that
+  /// frees a pushed buffer once its op is done never races the call still reading it. The wait
+  /// is at most the rest of one non-blocking sendmsg.
   void sync_with_direct_writes() const noexcept {
-    (void)direct_writes_.load(std::memory_order_acquire);
+    while (direct_writers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
   }
 
   /// Closes the connection (from any thread); the handler's on_close runs once with `reason`.
@@ -576,11 +578,10 @@ class connection : public std::enable_shared_from_this<connection> {
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(n);
     for (;;) {
+      direct_writers_.fetch_add(1, std::memory_order_relaxed);  // see sync_with_direct_writes
       const ssize_t r = ::sendmsg(sock_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (r >= 0) {
-        direct_writes_.fetch_add(1, std::memory_order_release);  // see sync_with_direct_writes
-        return static_cast<std::size_t>(r);
-      }
+      direct_writers_.fetch_sub(1, std::memory_order_release);
+      if (r >= 0) return static_cast<std::size_t>(r);
       if (errno != EINTR) return 0;
     }
   }
@@ -698,9 +699,9 @@ class connection : public std::enable_shared_from_this<connection> {
   bool closed_ = false;
   std::atomic<bool> closed_flag_{false};
   std::vector<out_frame> inflight_;
-  std::vector<out_frame> partial_;  // a frame the caller's thread sent in part (write_now)
-  std::atomic<std::uint64_t> direct_writes_{0};  // write_now calls that wrote: a release point
-  std::size_t partial_skip_ = 0;    // how much of it went
+  std::vector<out_frame> partial_;      // a frame the caller's thread sent in part (write_now)
+  std::atomic<int> direct_writers_{0};  // callers inside write_now's sendmsg (0 or 1: qm_ held)
+  std::size_t partial_skip_ = 0;        // how much of it went
   std::vector<wire::header_bytes> hdrs_;
 };
 

@@ -6,6 +6,7 @@
 #include <kvstore/dist.hpp>
 #include <kvstore/fwd.hpp>
 #include <kvstore/optim/optimizer.hpp>
+#include <kvstore/options.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -44,6 +45,7 @@ class erased_store {
   virtual void send_command_to_servers(int head, std::string_view body) = 0;
   virtual int num_dead_node(int node_id, int timeout_sec) = 0;
   virtual void set_barrier_before_exit(bool on) = 0;
+  virtual void set_gradient_compression(const compression& c) = 0;
 };
 
 /// erased_store over `Store`, which it owns (constructed from `args`).
@@ -92,6 +94,9 @@ class store_model final : public erased_store {
     return store_.num_dead_node(node_id, timeout_sec);
   }
   void set_barrier_before_exit(bool on) override { store_.set_barrier_before_exit(on); }
+  void set_gradient_compression(const compression& c) override {
+    store_.set_gradient_compression(c);
+  }
 
  private:
   Store store_;
