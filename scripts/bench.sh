@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and runs every benchmark in build/benchmarks/, each writing its results as JSON to
-# build/bench/<name>.json. Extra arguments (e.g. --quick) go to every benchmark.
+# build/bench/<name>.json, then plots them (build/bench/plots/, one PNG per table). Extra
+# arguments (e.g. --quick) go to every benchmark.
 # Environment: JOBS (default: nproc). Run on an otherwise idle machine for figures worth quoting.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,5 +20,9 @@ while read -r b; do
   if "$b" --json "build/bench/$name.json" "$@"; then ran=$((ran + 1)); else echo "$name failed" >&2; status=1; fi
 done < <(executables build/benchmarks)
 ((ran > 0 || status != 0)) || echo "bench: no benchmarks built yet (benchmarks/CMakeLists.txt lists none)"
-((status == 0)) && ((ran > 0)) && echo "results: build/bench/*.json"
+if ((status == 0)) && ((ran > 0)); then
+  echo "results: build/bench/*.json"
+  # One PNG per table (docs/bench/ holds the README's, made the same way).
+  python3 scripts/plot_bench.py --out build/bench/plots build/bench/*.json
+fi
 exit $status

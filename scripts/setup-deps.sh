@@ -14,6 +14,7 @@ APT_PACKAGES=(
   openmpi-bin libopenmpi-dev                              # launching under mpirun
   dataset-fashion-mnist zlib1g-dev                        # the demo's data (.gz) and its reader
   iproute2 nftables                                       # test_faults: namespaces, tc, lossy links
+  python3-matplotlib                                      # scripts/plot_bench.py: the README's benchmark plots
 )
 
 as_root() {
