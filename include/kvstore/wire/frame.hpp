@@ -141,7 +141,8 @@ inline U get_le(const std::byte* p) {
   if constexpr (std::endian::native == std::endian::little) {
     std::memcpy(&v, p, sizeof v);
   } else {
-    for (std::size_t i = sizeof v; i-- > 0;) v = static_cast<U>((v << 8) | std::to_integer<U>(p[i]));
+    for (std::size_t i = sizeof v; i-- > 0;)
+      v = static_cast<U>((v << 8) | std::to_integer<U>(p[i]));
   }
   return v;
 }
