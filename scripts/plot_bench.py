@@ -78,11 +78,37 @@ def plot_growth(plt, table, entries, out):
     return True
 
 
+SUFFIX = re.compile(r"_(ops|GBps|wire_bytes)$")
+
+
+def one_per_case(entries):
+    """A case's op/s and GB/s give the same ratio and its wire bytes another meaning (lower is
+    better): one bar per case, its op/s (or GB/s, or whatever it has)."""
+    cases = OrderedDict()
+    rank = {"ops": 0, "GBps": 1, "wire_bytes": 3}
+    for e in entries:
+        m = SUFFIX.search(e["name"])
+        case = e["name"][: m.start()] if m else e["name"]
+        r = rank[m.group(1)] if m else 2
+        if case not in cases or r < cases[case][0]:
+            cases[case] = (r, e)
+    return [(case, e) for case, (r, e) in cases.items() if r < 3]
+
+
+def label(table, case):
+    """The case without the setup prefix every bar of the table shares (kv_1x1_...)."""
+    prefix = f"kv_{table}_"
+    return case[len(prefix):] if case.startswith(prefix) else case
+
+
 def plot_bars(plt, table, entries, out):
     with_ratio = [e for e in entries if isinstance(e.get("ratio"), (int, float))]
-    shown = with_ratio if with_ratio else entries
+    cases = one_per_case(with_ratio if with_ratio else entries)
+    if not cases:
+        return False
+    shown = [e for _, e in cases]
     key = "ratio" if with_ratio else "value"
-    names = [e["name"] for e in shown]
+    names = [label(table, c) for c, _ in cases]
     values = [e[key] for e in shown]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.5))
     ax.barh(range(len(names)), values)
