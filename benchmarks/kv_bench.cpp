@@ -25,6 +25,10 @@
 //              (init_options::compression; 2-bit pulls travel plain), next to the raw baseline's
 //              plain push and pull of the same values: GB/s counts the float payload, "B/op" the
 //              bytes the kernel saw the worker (client) send and receive per op (TCP_INFO).
+//   adam       the largest key pushed back to back while the servers apply Adam (set last:
+//              it changes every later push), next to the raw push of the same bytes; and one
+//              thread's Adam loop over the same floats (what a server's update costs per round
+//              without its pool, dist_options::server_threads).
 //   conversion one thread, no network: each encode and decode loop of wire/encoding.hpp over
 //              16 MiB of float, next to memcpy of the same 16 MiB (the cost per byte sent).
 // GB/s counts payload bytes only, 1e9 B/s. Both clusters run at once but take turns, phase by
@@ -54,6 +58,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -599,6 +604,31 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
        k += std::max<std::size_t>(1, cfg.many_keys / 10)) {
     kv.pull(static_cast<int>(100 + k), std::span<float>(got)).wait();
     check(got, 100 + k, "pull after many-key pushes");
+  }
+  // A server applying Adam: the largest key pushed back to back once every server has Adam.
+  // Last, after the baseline's phases have ended: the optimizer changes every later push.
+  if (cfg.want("adam_push") && !cfg.sizes.empty()) {
+    const std::size_t s = cfg.sizes.size() - 1;
+    const auto& sc = cfg.sizes[s];
+    const std::string name = "adam_push_" + std::to_string(sc.bytes);
+    kv.set_optimizer(kvstore::optim::adam{});  // not collective; every worker may set it
+    for (int rep = 0; rep < cfg.reps; ++rep) {
+      bar.wait();
+      auto a = mark();
+      for (int i = 0; i < sc.push_n; ++i)
+        kv.push(static_cast<int>(s), std::span<const float>(vals[s]));
+      kv.wait_all();
+      auto b = clk::now();
+      report({name, rep, double(sc.push_n), double(sc.push_n) * double(sc.bytes), secs(a, b)});
+    }
+    kv.pull(static_cast<int>(s), std::span<float>(outs[s])).wait();
+    for (std::size_t i = 0; i < outs[s].size(); i += 4099)
+      if (!std::isfinite(outs[s][i])) {
+        std::fprintf(stderr, "kv_bench worker %d: %s: element %zu is %g\n", me, name.c_str(), i,
+                     outs[s][i]);
+        ++errors;
+        break;
+      }
   }
   if (errors) write_all(out, "E wrong values\n");
   return errors ? 3 : 0;
@@ -1190,6 +1220,32 @@ double median_secs(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
+// What one thread's Adam update costs over n floats (the loop a server runs per round of a key
+// that size, as local_bench's optimizer loop does): GB/s of gradient, next to the servers'
+// "push, servers apply Adam" row.
+result adam_loop_bench(std::size_t n, int reps) {
+  std::vector<float> grad(n, 0.5f), weight(n, 1.0f), m(n, 0.0f), v(n, 0.0f);
+  const kvstore::optim::adam opt;
+  std::uint64_t step = 0;
+  auto run = [&] {
+    kvstore::optim::slots_view<float> sv;
+    sv.step = ++step;
+    sv.slot[0] = std::span<float>(m);
+    sv.slot[1] = std::span<float>(v);
+    opt.update<float>(std::span<const float>(grad), std::span<float>(weight), sv);
+  };
+  run();  // warm: pages touched
+  const double t = median_secs(reps, run);
+  const double gbps = double(n) * sizeof(float) / t / 1e9;
+  std::printf(
+      "\nAdam update loop, one thread, %s of float (median of %d): %.2f GB/s, %.3f ns per "
+      "float\n",
+      human(n * sizeof(float)).c_str(), reps, gbps, t / double(n) * 1e9);
+  volatile float sink = weight[n / 2];
+  (void)sink;
+  return {"adam_loop_GBps", gbps, "GB/s", -1, -1, "optimizer"};
+}
+
 // Each encode and decode loop of wire/encoding.hpp over n floats next to memcpy of the same
 // n floats (one thread, arrays out of cache): GB/s of float payload, ns per element, and the
 // time relative to memcpy. Returns the JSON results.
@@ -1456,6 +1512,11 @@ int main(int argc, char** argv) {
           row("pull_" + ztag, human(sc.bytes), "pull " + ec.name + " (vs plain raw)",
               "pull_" + tag);
       }
+    if (!cfg.sizes.empty()) {
+      const auto& sc = cfg.sizes.back();
+      row("adam_push_" + std::to_string(sc.bytes), human(sc.bytes), "push, servers apply Adam",
+          "push_" + std::to_string(sc.bytes));
+    }
     row("pushwait_4096", "4 KiB", "push+wait", "pushwait_4096");
     row("many_4096", "4 KiB", "push " + std::to_string(cfg.many_keys) + " keys, wait_all",
         "many_4096");
@@ -1476,6 +1537,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
+  if (cfg.want("adam_loop") && !cfg.sizes.empty()) {
+    auto loop = adam_loop_bench(cfg.sizes.back().bytes / sizeof(float), quick ? 3 : 9);
+    results.push_back(loop);
+  }
   if (cfg.want("convert")) {
     auto conv = conversion_bench(cfg.convert_floats, quick ? 3 : 9);
     results.insert(results.end(), conv.begin(), conv.end());

@@ -207,7 +207,7 @@ struct dist_options {
   /// error. Their row lists (pull_rows) count against max_queued_bytes. KVSTORE_MAX_HELD_PULLS.
   std::size_t max_held_pulls = 4096;
   /// Throws kvstore::error naming the option whose value cannot be right (a staleness above
-  /// 2^63: a negative number converted to unsigned).
+  /// 2^63: a negative number converted to unsigned; more than 1024 server_threads).
   void check_versions() const {
     if (staleness && *staleness > static_cast<std::uint64_t>(INT64_MAX))
       throw error(errc::invalid_argument,
@@ -215,10 +215,18 @@ struct dist_options {
                       " is not a count of pushes (a negative value converted to unsigned?)");
     if (max_held_pulls == 0)
       throw error(errc::invalid_argument, "dist_options::max_held_pulls is 0");
+    if (server_threads > 1024)
+      throw error(errc::invalid_argument,
+                  "dist_options::server_threads = " + std::to_string(server_threads) +
+                      ": more than 1024 threads per server");
   }
 
   /// Engine threads of a worker; 0 = the number of cores.
   unsigned threads = 0;
+  /// Threads a server applies an element-wise optimizer (sgd, adam, adagrad, add) to a value of
+  /// 512 Ki elements or more with, its io thread included; 0 = the number of cores, 1 = the io
+  /// thread alone. KVSTORE_SERVER_THREADS.
+  unsigned server_threads = 0;
   /// Barrier with all workers when the store is destroyed.
   bool barrier_before_exit = true;
 

@@ -46,6 +46,7 @@ constexpr const char* all_vars[] = {"KVSTORE_ROLE",
                                     "KVSTORE_STALENESS",
                                     "KVSTORE_COLOCATED",
                                     "KVSTORE_MAX_HELD_PULLS",
+                                    "KVSTORE_SERVER_THREADS",
                                     "DMLC_ROLE",
                                     "DMLC_PS_ROOT_URI",
                                     "DMLC_PS_ROOT_PORT",
@@ -497,6 +498,13 @@ TEST_CASE("KVSTORE_STALENESS: a count of pushes or unbounded; negative or junk n
   CHECK(dist_options::from_env().max_held_pulls == 16);
   g.set("KVSTORE_MAX_HELD_PULLS", "0");
   check_error_names("KVSTORE_MAX_HELD_PULLS");
+  g.unset("KVSTORE_MAX_HELD_PULLS");
+  g.set("KVSTORE_SERVER_THREADS", "3");
+  CHECK(dist_options::from_env().server_threads == 3);
+  g.set("KVSTORE_SERVER_THREADS", "0");  // the number of cores
+  CHECK(dist_options::from_env().server_threads == 0);
+  g.set("KVSTORE_SERVER_THREADS", "-2");
+  check_error_names("KVSTORE_SERVER_THREADS");
 }
 
 TEST_CASE("dist_options::check_versions: a converted negative staleness names the option") {

@@ -92,6 +92,7 @@ inline void dist_options::apply_env() {
   count("KVSTORE_MAX_CONNECTIONS", max_connections);
   count("KVSTORE_MAX_PENDING_CONNECTIONS", max_pending_connections);
   count("KVSTORE_MAX_HELD_PULLS", max_held_pulls);
+  count("KVSTORE_SERVER_THREADS", server_threads, true);
   apply_staleness_env();
   if (auto v = env::first_of("KVSTORE_AUTH_BIND_ADDRESS")) {
     if (*v != "0" && *v != "1")

@@ -25,6 +25,7 @@ struct adagrad {
 
   static constexpr std::string_view name = "adagrad";
   static constexpr int num_slots = 1;
+  static constexpr bool elementwise = true;  // chunks may be updated in parallel
 
   /// The per-element step with these parameters, the learning rate and weight decay scaled by
   /// a key's multipliers (shared with the device kernels).

@@ -28,6 +28,7 @@ struct adam {
 
   static constexpr std::string_view name = "adam";
   static constexpr int num_slots = 2;
+  static constexpr bool elementwise = true;  // chunks may be updated in parallel
 
   /// The per-element step of update number `step` (1 for the first; 0 counts as 1), the learning
   /// rate and weight decay scaled by a key's multipliers; shared with the device kernels.

@@ -16,6 +16,7 @@ namespace kvstore::optim {
 struct add {
   static constexpr std::string_view name = "add";
   static constexpr int num_slots = 0;
+  static constexpr bool elementwise = true;  // chunks may be updated in parallel
 
   template <class T>
   void update(std::span<const T> grad, std::span<T> weight, const slots_view<T>&) const {

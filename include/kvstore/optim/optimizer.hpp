@@ -43,6 +43,16 @@ struct multipliers {
   double wd = 1;
 };
 
+/// Whether optimizer type O says its update is element-wise (`static constexpr bool
+/// elementwise = true;`, as sgd, adam, adagrad and add do): see updater::elementwise.
+template <class O>
+inline constexpr bool is_elementwise = [] {
+  if constexpr (requires { O::elementwise; })
+    return static_cast<bool>(O::elementwise);
+  else
+    return false;
+}();
+
 /// A registered optimizer type: an aggregate of parameters with
 ///   static constexpr std::string_view name;    // unique, what travels to servers
 ///   static constexpr int num_slots;            // 0..max_slots
@@ -70,6 +80,10 @@ struct updater {
   std::string name;
   std::string params;
   int num_slots = 0;
+  /// Each element's update reads only that element's gradient, weight and slots (and the
+  /// step): a key may then be updated in chunks, in parallel, with the same result (a server
+  /// does so for large values). From the optimizer type's `static constexpr bool elementwise`.
+  bool elementwise = false;
   fn_type fn;
 
   explicit operator bool() const noexcept { return static_cast<bool>(fn); }

@@ -52,6 +52,7 @@ updater<T> make_updater(const O& o) {
   u.name = std::string(O::name);
   u.params = serialize_params(o);
   u.num_slots = O::num_slots;
+  u.elementwise = is_elementwise<O>;
   u.fn = [o](const key&, std::span<const T> grad, std::span<T> weight, const slots_view<T>& s) {
     o.update(grad, weight, s);
   };

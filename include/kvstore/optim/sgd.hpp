@@ -24,6 +24,7 @@ struct sgd {
 
   static constexpr std::string_view name = "sgd";
   static constexpr int num_slots = 1;
+  static constexpr bool elementwise = true;  // chunks may be updated in parallel
 
   /// The per-element step with these parameters, the learning rate and weight decay scaled by
   /// a key's multipliers (shared with the device kernels).

@@ -154,6 +154,7 @@ class server final : public transport::node_base {
     c.chunk_bytes = o.chunk_bytes;
     c.max_frame_bytes = o.max_frame_bytes;
     c.max_key_bytes = o.max_key_bytes;
+    c.apply_threads = o.server_threads;
     c.max_total_bytes = o.max_total_bytes ? o.max_total_bytes : half_of_physical_memory();
     c.max_keys = o.max_keys;
     held_config(o, c);

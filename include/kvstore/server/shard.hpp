@@ -18,6 +18,7 @@
 #include <kvstore/error.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/optim/all.hpp>
+#include <kvstore/server/apply_pool.hpp>
 #include <kvstore/server/batch.hpp>
 #include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/slice.hpp>
@@ -61,6 +62,9 @@ struct shard_config {
   std::size_t max_held_pulls = 4096;                       ///< held pulls of one worker at most
   std::uint64_t max_held_bytes = std::uint64_t{64} << 20;  ///< and their bytes (row lists)
   std::chrono::milliseconds hold_timeout{120'000};         ///< a held pull fails after this
+  /// Threads that apply an element-wise optimizer to a large value together, the io thread
+  /// included (server/apply_pool.hpp); 0: the number of cores, 1: the io thread alone.
+  unsigned apply_threads = 1;
 };
 
 template <class Port>
@@ -964,8 +968,25 @@ class shard {
     auto& st = s.template state<T>();
     upd.ensure_state(st, s.size());
     if (new_step) ++st.step;
-    upd.fn(kvstore::key(static_cast<std::int64_t>(s.key)), std::span<const T>(grad, n),
-           std::span<T>(w, n), optim::updater<T>::view(st, rel, n, s.mult));
+    const kvstore::key k(static_cast<std::int64_t>(s.key));
+    auto update = [&](std::uint64_t lo, std::uint64_t hi) {
+      upd.fn(k, std::span<const T>(grad + lo, hi - lo), std::span<T>(w + lo, hi - lo),
+             optim::updater<T>::view(st, rel + lo, hi - lo, s.mult));
+    };
+    if (upd.elementwise && cfg_.apply_threads != 1 && n >= 2 * parallel_apply_elements)
+      return pool().run(n, parallel_apply_elements, update);
+    update(0, n);
+  }
+
+  // An element-wise update of at least twice this many elements is cut over the apply pool's
+  // threads (1 MiB of float a chunk at least: less is not worth waking a thread for).
+  static constexpr std::uint64_t parallel_apply_elements = std::uint64_t{1} << 18;
+
+  // The apply pool, started on the first large update (a shard that never sees one starts no
+  // thread).
+  apply_pool& pool() {
+    if (!pool_) pool_ = std::make_unique<apply_pool>(cfg_.apply_threads);
+    return *pool_;
   }
 
   template <class T>
@@ -1116,6 +1137,7 @@ class shard {
   rank_set left_, dead_;
   bytes scratch_;          // a compressed async push's frame, decoded (at most a slice's bytes)
   held_pulls<Port> held_;  // pulls waiting for a version or slower workers
+  std::unique_ptr<apply_pool> pool_;  // see pool()
 
   // Batched frames (server/batch.hpp).
   friend struct batch_ops<Port>;
