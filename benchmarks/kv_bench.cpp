@@ -358,6 +358,9 @@ kvstore::dist_options cluster_options(int workers, int servers) {
   // KVSTORE_WAIT_SPIN_US=0 measures waits that sleep at once (see dist_options::wait_spin).
   if (const char* v = std::getenv("KVSTORE_WAIT_SPIN_US"))
     o.wait_spin = std::chrono::microseconds(std::atoi(v));
+  // KVSTORE_SERVER_THREADS=1 measures servers that apply updates on their io thread alone.
+  if (const char* v = std::getenv("KVSTORE_SERVER_THREADS"))
+    o.server_threads = static_cast<unsigned>(std::atoi(v));
   return o;
 }
 
