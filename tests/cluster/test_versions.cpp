@@ -195,37 +195,54 @@ TEST_CASE("held pulls are bounded per worker: one over the limit is refused, the
   kvtest::cluster c(o);
   std::atomic<bool> refused{false};
   c.run_workers([&](kvstore::KVStore<kvstore::dist>& kv) {
-    std::vector<float> w{0}, a{-1}, b{-1}, x{-1}, y{-1};
+    std::vector<float> w{0}, y{-1};
     for (int k = 1; k <= 4; ++k) kv.init(k, w);
     if (kv.rank() == 1) {
       // The pushes that let worker 0's held pulls go (its own would queue behind them).
       REQUIRE(wait_for(refused));
-      kv.push(1, std::vector<float>{5}).wait();
-      kv.push(2, std::vector<float>{6}).wait();
+      for (int k = 1; k <= 3; ++k) kv.push(k, std::vector<float>{static_cast<float>(k + 4)}).wait();
       return;
     }
-    auto pa = kv.pull(1, a, kvstore::pull_options{.min_version = 1});
-    auto pb = kv.pull(2, b, kvstore::pull_options{.min_version = 1});
-    auto px = kv.pull(3, x, kvstore::pull_options{.min_version = 1'000'000});
-    try {
-      px.wait();
-      FAIL("a third held pull was taken");
-    } catch (const kvstore::error& e) {
-      CHECK(e.code() == kvstore::errc::invalid_argument);
-      const std::string msg = e.what();
-      CHECK_MESSAGE(msg.find("KVSTORE_MAX_HELD_PULLS") != std::string::npos, msg);
-      CHECK_MESSAGE(msg.find("refused a pull of key 3") != std::string::npos, msg);
+    // Three pulls of different keys waiting for version 1: ops on different keys may reach the
+    // server in any order, so whichever comes third is the one refused.
+    std::vector<std::vector<float>> outs(3, std::vector<float>{-1});
+    std::vector<kvstore::op> pulls;
+    for (int k = 1; k <= 3; ++k)
+      pulls.push_back(kv.pull(k, outs[static_cast<std::size_t>(k - 1)],
+                              kvstore::pull_options{.min_version = 1}));
+    int refused_key = 0;  // the refusal comes first: the others wait for pushes
+    for (int spins = 0; spins < 20000 && !refused_key; ++spins) {
+      for (int k = 1; k <= 3 && !refused_key; ++k) {
+        auto& p = pulls[static_cast<std::size_t>(k - 1)];
+        if (!p.ready()) continue;
+        try {
+          p.wait();
+          FAIL("a held pull was answered before any push");
+        } catch (const kvstore::error& e) {
+          CHECK(e.code() == kvstore::errc::invalid_argument);
+          const std::string msg = e.what();
+          CHECK_MESSAGE(msg.find("KVSTORE_MAX_HELD_PULLS") != std::string::npos, msg);
+          CHECK_MESSAGE(msg.find("refused a pull of key " + std::to_string(k)) != std::string::npos,
+                        msg);
+          refused_key = k;
+        }
+      }
+      if (!refused_key) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    REQUIRE(refused_key != 0);
     kv.pull(4, y).wait();  // not held: served
     CHECK(y == std::vector<float>{0});
-    CHECK_FALSE(pa.ready());
-    CHECK_FALSE(pb.ready());
+    for (int k = 1; k <= 3; ++k)
+      if (k != refused_key) CHECK_FALSE(pulls[static_cast<std::size_t>(k - 1)].ready());
     refused = true;
-    pa.wait();
-    pb.wait();
-    CHECK(a == std::vector<float>{5});
-    CHECK(b == std::vector<float>{6});
-    CHECK(x == std::vector<float>{-1});
+    for (int k = 1; k <= 3; ++k) {
+      if (k == refused_key) {
+        CHECK(outs[static_cast<std::size_t>(k - 1)] == std::vector<float>{-1});
+        continue;
+      }
+      pulls[static_cast<std::size_t>(k - 1)].wait();
+      CHECK(outs[static_cast<std::size_t>(k - 1)] == std::vector<float>{static_cast<float>(k + 4)});
+    }
   });
 }
 
