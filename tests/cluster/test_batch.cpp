@@ -61,9 +61,12 @@ TEST_CASE(
     for (std::size_t i = 0; i < n; ++i)
       for (auto& x : m.values[i]) x = r + 1 + static_cast<float>(i % 7);
     kv.barrier();
-    const auto before = kvtest::tcp_bytes();
+    // The process's sockets, read by rank 0 alone (two threads walking /proc/self/fd at once
+    // race on each other's directory descriptors).
+    const bool counts = kv.rank() == 0;
+    const auto before = counts ? kvtest::tcp_bytes() : kvtest::tcp_traffic{};
     kv.push(m.keys, m.in()).wait();
-    const auto after = kvtest::tcp_bytes();
+    const auto after = counts ? kvtest::tcp_bytes() : kvtest::tcp_traffic{};
     auto got = keys_of(1'000'000, n, 1, -1.0f);
     kv.pull(m.keys, got.out()).wait();
     for (std::size_t i = 0; i < n; ++i)
@@ -73,7 +76,7 @@ TEST_CASE(
     const double per_key =
         double(after.sent + after.received - before.sent - before.received) / (2.0 * n);
     CAPTURE(per_key);
-    CHECK(per_key < 2 * 60.0);
+    if (counts) CHECK(per_key < 2 * 60.0);
     kv.barrier();
   });
 }
