@@ -439,8 +439,8 @@ void batches() {
     return s;
   };
   auto bh = [](wire::cmd c, std::uint64_t keys, std::uint64_t elements, std::uint64_t req,
-               bool data = false) {
-    wire::header h = wire::batch_header(c, wire::dtype::f32, keys, elements, 0, data);
+               bool data = false, bool each = false) {
+    wire::header h = wire::batch_header(c, wire::dtype::f32, keys, elements, 0, data, each);
     h.req_id = req;
     return h;
   };
@@ -499,6 +499,27 @@ void batches() {
       std::string(1, '\4') + init +
           frame(bh(wire::cmd::batch_pull, 1, std::uint64_t{1} << 40, 63),
                 entries({{1, std::uint64_t{1} << 40, 0}})));
+  // Fused one-key pushes (flag_each): each key answered on its own (req_id + i), in sync with
+  // one and two workers and in async; a refused one (unknown key) answers every key; request
+  // ids that would wrap.
+  const std::string each = frame(bh(wire::cmd::batch_push, 3, 4, 70, false, true),
+                                 entries({{1, 1, 1}, {2, 2, 1}, {4, 1, 1}}), floats({1, 1, 1, 1})) +
+                           frame(bh(wire::cmd::batch_push, 3, 4, 73, false, true),
+                                 entries({{4, 1, 2}, {1, 1, 2}, {2, 2, 2}}), floats({2, 2, 2, 2}));
+  put("server", "batch-each", std::string(1, '\4') + init + each + pull);
+  put("server", "batch-each-async", std::string(1, '\5') + init + each + pull);
+  put("server", "batch-each-two-workers",
+      std::string(1, '\6') + init + each + frame(hdr(wire::cmd::leave, 0, 76)) + pull);
+  put("server", "batch-each-unknown-key",
+      std::string(1, '\4') + init +
+          frame(bh(wire::cmd::batch_push, 2, 2, 77, false, true), entries({{1, 1, 1}, {9, 1, 1}}),
+                floats({1, 1})) +
+          pull);
+  put("server", "batch-each-wrap",
+      std::string(1, '\4') + init +
+          frame(bh(wire::cmd::batch_push, 2, 2, ~std::uint64_t{0}, false, true),
+                entries({{1, 1, 1}, {2, 2, 1}}), floats({1, 1, 1})) +
+          pull);
 }
 
 // Versions and held pulls (issue 13): the version command (of a key and of one never inited),

@@ -8,6 +8,7 @@
 #include <kvstore/client/batch.hpp>
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/client.hpp>
+#include <kvstore/client/fusion.hpp>
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/client/key_table.hpp>
 #include <kvstore/client/partition.hpp>
@@ -199,7 +200,7 @@ class KVStore<dist, T> {
   op push(key k, std::span<const T> value, int priority = 0) {
     record* m = find(call_kind::push, k, value.size());
     return submit(m, priority, [this, m, value, priority](auto done) {
-      impl_->reqs.push(*m, value, priority, std::move(done));
+      push_one(*m, value, priority, std::move(done));
     });
   }
   /// Several devices' values of one key: summed here first, so one message per key leaves.
@@ -553,6 +554,7 @@ class KVStore<dist, T> {
           client(opts, colocated ? colocated->address() : detail::own_server{}),
           reqs(client),
           batch(client),
+          fuse(client),
           eng(opts.threads) {}
     ~impl() {
       try {
@@ -590,6 +592,7 @@ class KVStore<dist, T> {
     detail::worker_client client;
     detail::requests<T> reqs;
     detail::batches<T> batch;  // multi-key calls' small keys
+    detail::fusion<T> fuse;    // one-key pushes of small keys, fused while a link is busy
     detail::engine eng;        // destroyed before the client: no op outlives the network
     detail::key_table keys;
     std::mutex batch_m;             // multi-key calls mark their keys' records under it
@@ -786,14 +789,23 @@ class KVStore<dist, T> {
         std::move(st), /*may_run_inline=*/true);
   }
 
+  // One push of key m: fused with other small pushes to its server while that link is busy
+  // (client/fusion.hpp), else sent now.
+  void push_one(record& m, std::span<const T> value, int priority,
+                detail::op_state::continuation done) {
+    if (detail::batches<T>::small(m) && impl_->reqs.travels_plain(m, false) &&
+        impl_->fuse.push(m, value, priority, done))
+      return;
+    impl_->reqs.push(m, value, priority, std::move(done));
+  }
+
   op submit_summed(record* m, std::vector<std::span<const T>> srcs, int priority,
                    std::shared_ptr<detail::op_state> st = nullptr) {
     if (srcs.size() == 1) {
       auto v = srcs.front();
       return submit(
           m, priority,
-          [this, m, v, priority](auto done) { impl_->reqs.push(*m, v, priority, std::move(done)); },
-          st);
+          [this, m, v, priority](auto done) { push_one(*m, v, priority, std::move(done)); }, st);
     }
     return submit(
         m, priority,

@@ -178,6 +178,12 @@ struct dist_options {
   /// Payloads are sent in frames of at most this many bytes, so a later high-priority message
   /// overtakes a long low-priority transfer.
   std::size_t chunk_bytes = std::size_t{1} << 20;
+  /// Small-key fusion across calls: while something is in flight to a server, one-key pushes of
+  /// small plain keys to it wait up to fuse_time and go out together in one frame of at most
+  /// fuse_bytes (answered key by key, so no key's op waits for another's round). 0: off (also
+  /// off while server_restart_wait is set). KVSTORE_FUSE_BYTES, KVSTORE_FUSE_US.
+  std::size_t fuse_bytes = std::size_t{64} << 10;
+  std::chrono::microseconds fuse_time{100};
   /// A frame whose header announces more than this is refused and its connection closed. Its
   /// buffer grows as the bytes arrive, never on the header's word. KVSTORE_MAX_FRAME_BYTES.
   std::size_t max_frame_bytes = std::size_t{64} << 20;

@@ -49,6 +49,7 @@ struct box_port {
     a.message = std::move(msg);
     box->got.push_back(std::move(a));
   }
+  bool same_peer(const box_port& o) const { return box == o.box; }
   void send(const wire::header& h, std::span<const std::byte> payload,
             std::shared_ptr<const void> keep, std::string meta = {}) const {
     CHECK((payload.empty() || keep != nullptr));

@@ -47,6 +47,8 @@ constexpr const char* all_vars[] = {"KVSTORE_ROLE",
                                     "KVSTORE_COLOCATED",
                                     "KVSTORE_MAX_HELD_PULLS",
                                     "KVSTORE_SERVER_THREADS",
+                                    "KVSTORE_FUSE_BYTES",
+                                    "KVSTORE_FUSE_US",
                                     "DMLC_ROLE",
                                     "DMLC_PS_ROOT_URI",
                                     "DMLC_PS_ROOT_PORT",
@@ -505,6 +507,15 @@ TEST_CASE("KVSTORE_STALENESS: a count of pushes or unbounded; negative or junk n
   CHECK(dist_options::from_env().server_threads == 0);
   g.set("KVSTORE_SERVER_THREADS", "-2");
   check_error_names("KVSTORE_SERVER_THREADS");
+  g.unset("KVSTORE_SERVER_THREADS");
+  CHECK(dist_options::from_env().fuse_bytes == 64u << 10);
+  CHECK(dist_options::from_env().fuse_time == std::chrono::microseconds(100));
+  g.set("KVSTORE_FUSE_BYTES", "0");  // off
+  g.set("KVSTORE_FUSE_US", "250");
+  CHECK(dist_options::from_env().fuse_bytes == 0);
+  CHECK(dist_options::from_env().fuse_time == std::chrono::microseconds(250));
+  g.set("KVSTORE_FUSE_US", "soon");
+  check_error_names("KVSTORE_FUSE_US");
 }
 
 TEST_CASE("dist_options::check_versions: a converted negative staleness names the option") {

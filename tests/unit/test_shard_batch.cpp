@@ -26,8 +26,8 @@ struct bkey {
 
 /// Sends a batched frame of `c` from `rank` naming `ks` (with their values as the payload when
 /// `data`); returns its request id. Throws as the shard does.
-std::uint64_t send(fixture& f, int rank, wire::cmd c, const std::vector<bkey>& ks,
-                   bool data = true) {
+std::uint64_t send(fixture& f, int rank, wire::cmd c, const std::vector<bkey>& ks, bool data = true,
+                   bool each = false) {
   std::string meta(ks.size() * wire::batch_entry_size, '\0');
   std::vector<float> payload;
   std::uint64_t elements = 0;
@@ -38,8 +38,9 @@ std::uint64_t send(fixture& f, int rank, wire::cmd c, const std::vector<bkey>& k
     if (data) payload.insert(payload.end(), ks[i].value.begin(), ks[i].value.end());
   }
   wire::header h = wire::batch_header(c, wire::dtype::f32, ks.size(), elements, 0,
-                                      c == wire::cmd::batch_init && data);
+                                      c == wire::cmd::batch_init && data, each);
   h.req_id = ++f.req;
+  if (each) f.req += ks.size() - 1;  // key i answered by req_id + i
   h.payload_len = payload.size() * sizeof(float);
   f.sh.handle(rank, f.port(rank), h, meta, bytes_of(payload));
   return h.req_id;
@@ -314,4 +315,78 @@ TEST_CASE("a batched pull never waits: under bounded staleness one that would is
   CHECK(refused([&] { pulled(f, {{1, {0}}, {2, {0}}}); }) == errc::unsupported);
   send(f, 1, wire::cmd::batch_push, {{1, {5}, 1}, {2, {6}, 1}});
   CHECK(pulled(f, {{1, {0}}, {2, {0}}}) == std::vector<float>{5, 6});  // async: the last push
+}
+
+TEST_CASE(
+    "flag_each (fused one-key pushes): each key answered on its own, as its round completes; a "
+    "refused frame answers every key" *
+    doctest::timeout(10)) {
+  SUBCASE("dist_sync, two workers") {
+    fixture f(2);
+    for (std::uint64_t k : {1, 2, 4}) f.init_all(k, {0}, 0, 1, 1);
+    const auto b0 =
+        send(f, 0, wire::cmd::batch_push, {{1, {1}, 1}, {2, {2}, 1}, {4, {4}, 1}}, true, true);
+    CHECK(f.got(0).empty());
+    f.push(1, 2, {20}, 0, 1, 1);  // key 2's round completes: only its answer goes
+    REQUIRE(responses(f, 0, b0 + 1).size() == 1);
+    CHECK(f.got(0).empty());
+    f.push(1, 1, {10}, 0, 1, 1);
+    auto r = responses(f, 0, b0);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].status == errc::ok);
+    CHECK(responses(f, 0, b0 + 2).empty());  // key 4 still waits for worker 1
+    f.push(1, 4, {40}, 0, 1, 1);
+    CHECK(responses(f, 0, b0 + 2).size() == 1);
+    CHECK(f.got(0).empty());  // no answer for the frame as a whole
+    f.got(1).clear();         // worker 1's one-key answers
+    // Worker 1's fused frame completes all three of worker 0's rounds while it is served: one
+    // response answers worker 0's three keys, one worker 1's.
+    const auto c0 =
+        send(f, 0, wire::cmd::batch_push, {{1, {1}, 2}, {2, {2}, 2}, {4, {4}, 2}}, true, true);
+    const auto c1 =
+        send(f, 1, wire::cmd::batch_push, {{1, {1}, 2}, {2, {2}, 2}, {4, {4}, 2}}, true, true);
+    for (auto [rank, id] : {std::pair{0, c0}, std::pair{1, c1}}) {
+      auto r = responses(f, rank, id);
+      REQUIRE(r.size() == 1);
+      CHECK(r[0].h.aux == 3);
+      CHECK((r[0].h.flags & wire::flag_each) != 0);
+      CHECK(f.got(rank).empty());
+    }
+    CHECK(pulled(f, {{1, {0}}, {2, {0}}, {4, {0}}}) ==
+          std::vector<float>{2, 4, 8});  // round 2's sums
+  }
+  SUBCASE("dist_async: every key answered at once, applied in order") {
+    fixture f(2, false);
+    for (std::uint64_t k : {1, 2}) f.init_all(k, {0}, 0, 1, 1);
+    const auto b = send(f, 0, wire::cmd::batch_push, {{1, {5}, 1}, {2, {6}, 1}}, true, true);
+    // Both answered while the frame was served: one response for the two (aux: how many).
+    auto r = responses(f, 0, b);
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].status == errc::ok);
+    CHECK((r[0].h.flags & wire::flag_each) != 0);
+    CHECK(r[0].h.aux == 2);
+    CHECK(f.got(0).empty());
+    CHECK(pulled(f, {{1, {0}}, {2, {0}}}) == std::vector<float>{5, 6});
+  }
+  SUBCASE("an unknown key refuses the frame: each key's push gets the error, nothing changes") {
+    fixture f(1);
+    f.init_all(1, {3}, 0, 1, 1);
+    const auto b = send(f, 0, wire::cmd::batch_push, {{1, {1}, 1}, {99, {2}, 1}}, true, true);
+    for (std::uint64_t i = 0; i < 2; ++i) {
+      auto r = responses(f, 0, b + i);
+      REQUIRE(r.size() == 1);
+      CHECK(r[0].status == errc::unknown_key);
+      CHECK(r[0].message.find("99") != std::string::npos);
+    }
+    CHECK(pulled(f, {{1, {0}}}) == std::vector<float>{3});
+  }
+  SUBCASE("request ids that would wrap are a protocol error") {
+    fixture f(1);
+    f.init_all(1, {0}, 0, 1, 1);
+    f.init_all(2, {0}, 0, 1, 1);
+    f.req = ~std::uint64_t{0} - 1;  // the frame's id is the last one: key 1 would wrap
+    CHECK(refused([&] {
+            send(f, 0, wire::cmd::batch_push, {{1, {1}, 1}, {2, {1}, 1}}, true, true);
+          }) == errc::protocol);
+  }
 }

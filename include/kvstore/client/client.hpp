@@ -120,6 +120,61 @@ class worker_client final : public transport::frame_handler {
     for (auto& f : frames) c->send(std::move(f), alone);
   }
 
+  /// Sends one frame that n requests share (a batch_push flagged flag_each: key i answered by
+  /// a response to the frame's req_id + i): request i completes with that answer. For fused
+  /// one-key pushes (client/fusion.hpp), which are not kept for a re-send after a server
+  /// restart (fusion is off when server_restart_wait is set). Thread-safe.
+  void send_each(int peer, transport::out_frame frame, std::vector<request> rs) {
+    std::shared_ptr<transport::connection> c;
+    std::string down;
+    bool alone = false;
+    frame.h.sender = id_;
+    {
+      std::lock_guard lk(m_);
+      auto& srv = servers_[static_cast<std::size_t>(peer)];
+      c = srv.conn;
+      down = srv.down;
+      if (down.empty() && srv.waiting) down = srv.lost_why;  // (no re-send without frames)
+      if (down.empty()) {
+        const std::uint64_t first = next_id_;
+        next_id_ += rs.size();
+        frame.h.req_id = first;
+        const auto now = clock::now();
+        for (std::size_t i = 0; i < rs.size(); ++i) {
+          request& r = rs[i];
+          r.peer = peer;
+          auto t = r.timeout.count() ? r.timeout : opts_.request_timeout;
+          r.deadline = now + t;
+          r.timeout = t;
+          pending_.emplace(first + i, std::move(r));
+        }
+        alone = srv.in_flight == 0;
+        srv.in_flight += rs.size();
+      }
+    }
+    if (!down.empty()) {
+      for (auto& r : rs)
+        r.done->complete_part(
+            std::make_exception_ptr(error(errc::node_dead, r.what.str() + ": " + down)));
+      return;
+    }
+    c->send(std::move(frame), alone);
+  }
+
+  /// Requests in flight to server `peer` (answers not yet in).
+  std::size_t in_flight(int peer) {
+    std::lock_guard lk(m_);
+    return servers_[static_cast<std::size_t>(peer)].in_flight;
+  }
+
+  /// Runs fn on the io thread after `delay` (a timer per call).
+  void run_after(std::chrono::microseconds delay, std::function<void()> fn) {
+    auto t = std::make_shared<transport::asio::steady_timer>(io_, delay);
+    t->async_wait([t, fn = std::move(fn)](boost::system::error_code ec) {
+      if (!ec) fn();
+    });
+  }
+
   /// Sends and waits (for blocking calls: init, barrier, commands). Throws the request's error.
   void call(int peer, std::vector<transport::out_frame> frames, request r) {
     auto st = std::make_shared<op_state>(1);
@@ -348,6 +403,8 @@ class worker_client final : public transport::frame_handler {
       case wire::cmd::shutdown:
         return;
       case wire::cmd::response: {
+        if ((h.flags & wire::flag_each) && h.status == 0 && h.aux > 1)
+          return take_each(h.req_id, h.aux);
         auto r = take(h.req_id);
         if (!r) return;  // already failed (deadline) or an error answered earlier
         if (h.status != 0) {
@@ -368,6 +425,7 @@ class worker_client final : public transport::frame_handler {
       case wire::cmd::data: {
         std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
         bool direct = false;
+        std::optional<request> bad;
         {
           std::lock_guard lk(m_);
           auto it = pending_.find(h.req_id);
@@ -378,13 +436,13 @@ class worker_client final : public transport::frame_handler {
               r.out && !(h.flags & wire::flag_rows) && payload.data() == r.out + h.offset * r.elem;
           if (!direct && !on_data && r.out) {
             // The sink refused this frame: it does not fit the caller's buffer.
-            auto bad = std::move(r);
+            bad = std::move(r);
             erase_pending(it);
-            bad.done->complete_part(std::make_exception_ptr(
-                error(errc::protocol, bad.what.str() + ": answer does not fit the output")));
-            return;
           }
         }
+        if (bad)  // completed without m_: a completion may run the key's next op, which sends
+          return bad->done->complete_part(std::make_exception_ptr(
+              error(errc::protocol, bad->what.str() + ": answer does not fit the output")));
         if (on_data) on_data(h, payload);
         if (h.flags & wire::flag_last)
           if (auto r = take(h.req_id)) r->done->complete_part();
@@ -396,6 +454,26 @@ class worker_client final : public transport::frame_handler {
             errc::protocol,
             "unexpected command " + std::to_string(static_cast<int>(h.command)) + " at a worker");
     }
+  }
+
+  // An ok answer to requests [first, first + n) (fused pushes, client/fusion.hpp): each one
+  // still pending completes. More than are pending is a server out of its mind.
+  void take_each(std::uint64_t first, std::uint64_t n) {
+    std::vector<request> done;
+    {
+      std::lock_guard lk(m_);
+      if (n > pending_.size() || first > ~std::uint64_t{0} - n)
+        throw error(errc::protocol,
+                    "an answer to " + std::to_string(n) + " requests, more than are in flight");
+      done.reserve(static_cast<std::size_t>(n));
+      for (std::uint64_t i = 0; i < n; ++i) {
+        auto it = pending_.find(first + i);
+        if (it == pending_.end()) continue;  // failed earlier (deadline)
+        done.push_back(std::move(it->second));
+        erase_pending(it);
+      }
+    }
+    for (auto& r : done) r.done->complete_part();
   }
 
   std::optional<request> take(std::uint64_t id) {

@@ -93,6 +93,9 @@ inline void dist_options::apply_env() {
   count("KVSTORE_MAX_PENDING_CONNECTIONS", max_pending_connections);
   count("KVSTORE_MAX_HELD_PULLS", max_held_pulls);
   count("KVSTORE_SERVER_THREADS", server_threads, true);
+  count("KVSTORE_FUSE_BYTES", fuse_bytes, true);
+  if (auto v = env::first_of("KVSTORE_FUSE_US"))
+    fuse_time = std::chrono::microseconds(env::parse_int("KVSTORE_FUSE_US", *v, 0, 1'000'000));
   apply_staleness_env();
   if (auto v = env::first_of("KVSTORE_AUTH_BIND_ADDRESS")) {
     if (*v != "0" && *v != "1")

@@ -183,25 +183,44 @@ struct batch_ops {
                    std::string_view meta, std::span<const std::byte> payload) {
     const auto entries = wire::decode_batch(meta, h.key, h.total);
     check_payload(h, entries.size(), h.total * wire::dtype_size(h.type), payload.size());
-    sh.refuse_if_left(rank, entries[0].key);
-    const std::uint64_t stamp = ++sh.batch_stamp_;
+    // flag_each: key i is answered on its own, by a response to req_id + i.
+    const bool each = (h.flags & wire::flag_each) != 0;
+    if (each && h.req_id > std::numeric_limits<std::uint64_t>::max() - entries.size())
+      throw error(errc::protocol, "a batched push of " + std::to_string(entries.size()) +
+                                      " keys answered each past the last request id");
     auto& found = sh.batch_slices_;
-    found.resize(entries.size());
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const wire::batch_entry e = entries[i];
-      slice& s = whole_slice(sh, h, e);
-      named_once(s, stamp);
-      if (sh.cfg_.sync && !s.duplicate(rank, e.aux) && s.round_done.count(rank))
-        throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
-                                        shard_t::key_str(e.key) + " twice in round " +
-                                        std::to_string(s.round));
-      found[i] = &s;
+    try {
+      sh.refuse_if_left(rank, entries[0].key);
+      const std::uint64_t stamp = ++sh.batch_stamp_;
+      found.resize(entries.size());
+      for (std::size_t i = 0; i < entries.size(); ++i) {
+        const wire::batch_entry e = entries[i];
+        slice& s = whole_slice(sh, h, e);
+        named_once(s, stamp);
+        if (sh.cfg_.sync && !s.duplicate(rank, e.aux) && s.round_done.count(rank))
+          throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
+                                          shard_t::key_str(e.key) + " twice in round " +
+                                          std::to_string(s.round));
+        found[i] = &s;
+      }
+    } catch (const error& e) {
+      // A refused frame answered each: every key's push gets the refusal (a protocol error
+      // closes the connection instead).
+      if (!each || e.code() == make_error_code(errc::protocol)) throw;
+      const auto code = static_cast<errc>(e.code().value());
+      for (std::size_t i = 0; i < entries.size(); ++i)
+        sh.answer(from, h.req_id + i, code, e.what());
+      return;
     }
     // The only worker in the group: each key's round is this push alone, applied at once
     // (what the round would do, without its merge buffer and waiters).
     const bool alone = sh.cfg_.sync && sh.active_workers() == 1;
     guard g(sh);
-    const std::uint32_t id = sh.waits_.open(from, h.req_id);
+    const std::uint32_t id = each ? no_batch : sh.waits_.open(from, h.req_id);
+    // Key i's push is answered: now (each), or with the frame's countdown.
+    auto answered = [&](std::size_t i) {
+      if (each) sh.answer(from, h.req_id + i, errc::ok, {}, /*each=*/true);
+    };
     with_dtype(h.type, [&]<class T>() {
       const T* src = reinterpret_cast<const T*>(payload.data());
       for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -209,20 +228,28 @@ struct batch_ops {
         const std::uint64_t n = s.size(), seq = entries[i].aux;
         const T* value = src;
         src += n;
-        if (s.duplicate(rank, seq)) continue;  // re-sent after a restart: applied before
+        if (s.duplicate(rank, seq)) {  // re-sent after a restart: applied before
+          answered(i);
+          continue;
+        }
         if (alone && s.cov.empty()) {
           sh.template apply_range<T>(s, value, 0, n, /*new_step=*/true);
           if (seq) s.applied.set(rank, std::max(s.applied.get(rank), seq));
           ++s.round;
           sh.changed();
           sh.release_held(s);
+          answered(i);
           continue;
         }
         if (sh.cfg_.sync) {
           sh.begin_round_push(s, rank);
           shard_t::template contribute<T>(s, 0, value, n);
-          sh.waits_.add(id);
-          sh.end_round_push(s, rank, reply_to<Port>{Port{}, 0, id}, seq);
+          if (each) {
+            sh.end_round_push(s, rank, reply_to<Port>{from, h.req_id + i, no_batch, true}, seq);
+          } else {
+            sh.waits_.add(id);
+            sh.end_round_push(s, rank, reply_to<Port>{Port{}, 0, id}, seq);
+          }
           continue;
         }
         bool first = true;
@@ -233,9 +260,10 @@ struct batch_ops {
         ++s.round;  // the slice's version in dist_async: pushes applied
         sh.changed();
         sh.release_held(s);
+        answered(i);
       }
     });
-    sh.waits_.done(id, errc::ok, {}, sh);
+    if (!each) sh.waits_.done(id, errc::ok, {}, sh);
   }
 
   /// batch_pull: the keys' values one after the other, in data frames of at most chunk_bytes

@@ -43,6 +43,9 @@ struct connection_port {
     h.status = static_cast<std::uint32_t>(status);
     send(h, {}, {}, std::move(msg));
   }
+  bool same_peer(const connection_port& o) const {
+    return !conn.owner_before(o.conn) && !o.conn.owner_before(conn);
+  }
   void send(const wire::header& h, std::span<const std::byte> payload,
             std::shared_ptr<const void> keep, std::string meta = {}) const {
     auto c = conn.lock();

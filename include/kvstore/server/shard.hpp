@@ -11,6 +11,7 @@
 //   void send(wire::header h, std::span<const std::byte> payload,              // any other
 //             std::shared_ptr<const void> keep,     // frame; `keep` owns the payload bytes,
 //             std::string meta = {}) const;         // `meta` is the frame's text
+//   bool same_peer(const Port& other) const;        // both answer the same connection
 // Everything runs on one thread (the server's io thread): no locks.
 #pragma once
 
@@ -704,17 +705,62 @@ class shard {
   // (one snapshot for the frame, taken before anything it did is answered).
   void release(const reply_to<Port>& to, errc status, const std::string& msg) {
     if (to.batch != no_batch) return waits_.done(to.batch, status, msg, *this);
-    answer(to.port, to.req_id, status, msg);
+    answer(to.port, to.req_id, status, msg, to.each);
   }
   void release_all(std::vector<reply_to<Port>>& waiters, errc status, const std::string& msg) {
     for (auto& w : waiters) release(w, status, msg);
     waiters.clear();
   }
-  void answer(const Port& to, std::uint64_t req_id, errc status, std::string msg) {
+  void answer(const Port& to, std::uint64_t req_id, errc status, std::string msg,
+              bool each = false) {
     if (batching_)
-      deferred_.answers.push_back({{to, req_id}, status, std::move(msg)});
+      deferred_.answers.push_back({{to, req_id, no_batch, each}, status, std::move(msg)});
     else
       to.reply(req_id, status, std::move(msg));
+  }
+
+  // The answers deferred while a batched frame was served. Ok answers of flag_each keys (fused
+  // pushes) are gathered per peer into runs of consecutive request ids, each sent as one
+  // response (flag_each, aux: how many) after the others; a round that completes for several
+  // workers answers them key by key, interleaved, so runs are kept per peer, not by position.
+  void send_deferred_answers() {
+    struct run {
+      Port port;
+      std::uint64_t first, n;
+    };
+    std::vector<run> runs;
+    std::vector<std::size_t> latest;  // per peer seen, the index of its latest run
+    for (auto& x : deferred_.answers) {
+      if (!x.to.each || x.status != errc::ok) {
+        x.to.port.reply(x.to.req_id, x.status, std::move(x.message));
+        continue;
+      }
+      std::size_t* peer = nullptr;
+      for (auto& l : latest)
+        if (runs[l].port.same_peer(x.to.port)) peer = &l;
+      if (peer && runs[*peer].first + runs[*peer].n == x.to.req_id) {
+        ++runs[*peer].n;
+        continue;
+      }
+      runs.push_back({x.to.port, x.to.req_id, 1});
+      if (peer)
+        *peer = runs.size() - 1;
+      else
+        latest.push_back(runs.size() - 1);
+    }
+    deferred_.answers.clear();
+    for (auto& r : runs) {
+      if (r.n == 1) {
+        r.port.reply(r.first, errc::ok, {});
+        continue;
+      }
+      wire::header h;
+      h.command = wire::cmd::response;
+      h.req_id = r.first;
+      h.aux = r.n;
+      h.flags = wire::flag_each;
+      r.port.send(h, {}, {});
+    }
   }
   friend class batch_waits<Port>;  // answers through answer()
 
@@ -726,8 +772,7 @@ class shard {
       on_change_(deferred_.important, deferred_.changes);
     deferred_.changes = 0;
     deferred_.important = false;
-    for (auto& a : deferred_.answers) a.to.port.reply(a.to.req_id, a.status, std::move(a.message));
-    deferred_.answers.clear();
+    send_deferred_answers();
     for (auto k : deferred_.held)
       if (auto it = slices_.find(k); it != slices_.end()) release_held(it->second);
     deferred_.held.clear();

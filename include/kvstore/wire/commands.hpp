@@ -161,13 +161,13 @@ inline header version_header(const key_fields& k) {
 /// (batch_init with `has_data`, batch_push) or the answer's (batch_pull, answered by data frames
 /// flagged flag_batch whose offsets count elements from the first key's first).
 inline header batch_header(cmd c, dtype t, std::uint64_t keys, std::uint64_t elements, int priority,
-                           bool has_data = false) {
+                           bool has_data = false, bool each = false) {
   header h = plain(c);
   h.type = t;
   h.key = keys;
   h.total = elements;
   h.priority = priority;
-  h.flags = flag_last | (has_data ? flag_has_data : 0u);
+  h.flags = flag_last | (has_data ? flag_has_data : 0u) | (each ? flag_each : 0u);
   return h;
 }
 

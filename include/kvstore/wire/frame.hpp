@@ -83,6 +83,9 @@ enum flag : std::uint32_t {
   /// data: the answer of a batch_pull (its keys' values one after the other; offset counted
   /// in elements from the first)
   flag_batch = 1u << 4,
+  /// batch_push: each key answered on its own, key i (in the entries' order) by a response to
+  /// req_id + i, as its push would be (a worker's fused one-key pushes, client/fusion.hpp)
+  flag_each = 1u << 5,
 };
 
 /// Bits 24-27 of a push's, pull's or data frame's flags: the payload's encoding

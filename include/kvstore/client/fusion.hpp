@@ -1,0 +1,118 @@
+// Small one-key pushes fused across calls (issue 12): the layer-by-layer gradients of backprop
+// are many pushes of small keys issued close together. While something is already in flight to
+// a server, a small plain push to it waits (at most fuse_time, at most fuse_bytes together)
+// and goes out with the others in one batch_push frame flagged flag_each, so the server still
+// answers each key on its own, when that key's round completes: a key's op depends on no other
+// key's round, as when it went alone. With nothing in flight the push goes at once (no added
+// latency on an idle link). Per-key order is the engine's: a key's next op waits for this one.
+#pragma once
+
+#include <kvstore/client/batch.hpp>
+#include <kvstore/client/call.hpp>
+#include <kvstore/client/client.hpp>
+#include <kvstore/client/key_record.hpp>
+#include <kvstore/op.hpp>
+#include <kvstore/wire/commands.hpp>
+#include <kvstore/wire/messages.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvstore::detail {
+
+template <class T>
+class fusion {
+  static constexpr wire::dtype dtype = wire::dtype_of<T>();
+
+ public:
+  using done_fn = op_state::continuation;
+
+  explicit fusion(worker_client& c)
+      : client_(c),
+        on_(c.options().fuse_bytes > 0 && c.options().server_restart_wait.count() == 0),
+        bytes_(c.options().fuse_bytes),
+        time_(c.options().fuse_time),
+        servers_(static_cast<std::size_t>(c.num_servers())) {}
+
+  /// Takes the push of key m (small, plain, whole on server m.home: the caller checks) when it
+  /// should wait for others, moving `done` out; false (done untouched) when it should go alone.
+  bool push(key_record& m, std::span<const T> value, int priority, done_fn& done) {
+    if (!on_ || m.home < 0) return false;
+    const int s = m.home;
+    auto& p = servers_[static_cast<std::size_t>(s)];
+    std::unique_lock lk(m_);
+    if (p.reqs.empty() && client_.in_flight(s) == 0) return false;
+    const std::uint64_t seq = ++m.pushes;
+    const std::size_t at = p.meta.size();
+    p.meta.resize(at + wire::batch_entry_size);
+    wire::put_batch_entry(p.meta.data() + at, wire::batch_entry{m.k.id(), value.size(), seq});
+    p.values.insert(p.values.end(), value.begin(), value.end());
+    worker_client::request r;
+    r.done = std::make_shared<op_state>(1, std::move(done));
+    r.what = {call_kind::push, &m.k};
+    p.reqs.push_back(std::move(r));
+    p.priority = p.reqs.size() == 1 ? priority : std::max(p.priority, priority);
+    if (p.meta.size() + p.values.size() * sizeof(T) >= bytes_) {
+      flush_locked(s, lk);  // unlocks
+    } else if (!p.timer) {
+      p.timer = true;
+      client_.run_after(time_, [this, s] {
+        std::unique_lock l(m_);
+        servers_[static_cast<std::size_t>(s)].timer = false;
+        flush_locked(s, l);
+      });
+    }
+    return true;
+  }
+
+ private:
+  struct pending {
+    std::string meta;       // the entries (wire::put_batch_entry)
+    std::vector<T> values;  // one key's after the other
+    std::vector<worker_client::request> reqs;
+    int priority = 0;
+    bool timer = false;  // a flush is due within fuse_time
+  };
+
+  // Sends server s's waiting pushes as one frame (m_ held by lk, released before sending).
+  void flush_locked(int s, std::unique_lock<std::mutex>& lk) {
+    auto& p = servers_[static_cast<std::size_t>(s)];
+    if (p.reqs.empty()) return;
+    const std::size_t keys = p.reqs.size();
+    transport::out_frame f;
+    f.h = wire::batch_header(wire::cmd::batch_push, dtype, keys, p.values.size(), p.priority,
+                             /*has_data=*/false, /*each=*/true);
+    auto buf = std::make_shared<std::vector<T>>(std::move(p.values));
+    f.payload = reinterpret_cast<const std::byte*>(buf->data());
+    f.payload_len = buf->size() * sizeof(T);
+    f.keep = buf;
+    f.meta = std::move(p.meta);
+    std::vector<worker_client::request> reqs = std::move(p.reqs);
+    p.meta.clear();
+    p.values = {};
+    p.reqs.clear();
+    // Sent without the lock: a refused send completes the ops here, and a completion may run a
+    // key's next push, which comes back to push(). Two frames to one server may then leave in
+    // either order; no key is in both (its next push waits for this one's answer).
+    lk.unlock();
+    client_.send_each(s, std::move(f), std::move(reqs));
+  }
+
+  worker_client& client_;
+  const bool on_;
+  const std::size_t bytes_;
+  const std::chrono::microseconds time_;
+  std::mutex m_;
+  std::vector<pending> servers_;
+};
+
+}  // namespace kvstore::detail
