@@ -425,9 +425,13 @@ class KVStore<dist, T> {
   }
 
   void wait(key k) {
+    impl_->fuse.flush_all();  // fused pushes go now, not after fuse_time
     if (const record* m = impl_->keys.find(k.id())) impl_->eng.wait_slot(m->queue);
   }
-  void wait_all() { impl_->eng.wait_all(); }
+  void wait_all() {
+    impl_->fuse.flush_all();
+    impl_->eng.wait_all();
+  }
 
   // ---- compression ---------------------------------------------------------------------------
   /// This worker's wire compression for every key without its own (init_options::compression),
@@ -506,7 +510,10 @@ class KVStore<dist, T> {
   // ---- the cluster ---------------------------------------------------------------------------
   /// All workers reach it before any leaves. Throws on its deadline or when a worker died,
   /// naming it.
-  void barrier() { impl_->reqs.barrier(call_kind::barrier, impl_->opts.barrier_timeout); }
+  void barrier() {
+    impl_->fuse.flush_all();  // pushes issued before the barrier leave before it
+    impl_->reqs.barrier(call_kind::barrier, impl_->opts.barrier_timeout);
+  }
 
   /// MXNet's meaning: how many nodes of the groups in `node_id` (1 scheduler, 2 servers,
   /// 4 workers; sums combine) have not been heard from for timeout_sec. A scheduler that cannot

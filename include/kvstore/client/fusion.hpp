@@ -74,6 +74,16 @@ class fusion {
     return true;
   }
 
+  /// Sends every server's waiting pushes now: for a caller about to wait for them (wait,
+  /// wait_all) and before a barrier, so neither waits out fuse_time.
+  void flush_all() {
+    if (!on_) return;
+    for (std::size_t s = 0; s < servers_.size(); ++s) {
+      std::unique_lock lk(m_);
+      flush_locked(static_cast<int>(s), lk);  // unlocks when it sends
+    }
+  }
+
  private:
   struct pending {
     std::string meta;       // the entries (wire::put_batch_entry)
