@@ -87,6 +87,7 @@ TEST_CASE("a fused key's push waits for its own round only, not for the others i
   // only after a barrier that worker 0 reaches after that wait. Answered per frame, worker 0
   // would wait for key 2's round, which waits for worker 1 at the barrier: a deadlock.
   auto o = kvtest::test_options(2, 1);
+  o.fuse_bytes = 64 << 10;
   o.fuse_time = std::chrono::microseconds(2000);
   o.request_timeout = std::chrono::milliseconds(10'000);
   o.barrier_timeout = std::chrono::milliseconds(10'000);
@@ -121,6 +122,7 @@ TEST_CASE("a fused key's push waits for its own round only, not for the others i
 
 TEST_CASE("per-key order: a pull issued after fused pushes sees them" * doctest::timeout(60)) {
   auto o = kvtest::test_options(1, 2, /*sync=*/false);
+  o.fuse_bytes = 64 << 10;
   o.fuse_time = std::chrono::microseconds(1000);
   kvtest::cluster c(o);
   c.run_workers([&](KVStore<dist>& kv) {
