@@ -75,13 +75,7 @@ inline std::span<const std::byte> bytes_of(const std::vector<float>& v) {
 /// A shard and one port per worker.
 struct fixture {
   explicit fixture(int workers, bool sync = true, std::size_t chunk_bytes = 1 << 20)
-      : sh(config(workers, sync, chunk_bytes), [this](bool important, std::uint64_t n) {
-          changes.push_back(important);
-          counts.push_back(n);
-          if (on_change) on_change();
-        }) {
-    for (int r = 0; r < workers; ++r) ports.push_back({std::make_shared<outbox>()});
-  }
+      : fixture(config(workers, sync, chunk_bytes)) {}
   explicit fixture(kvstore::detail::shard_config c)
       : sh(c, [this](bool important, std::uint64_t n) {
           changes.push_back(important);
