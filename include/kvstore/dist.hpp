@@ -199,9 +199,10 @@ class KVStore<dist, T> {
   // ---- push / pull ---------------------------------------------------------------------------
   op push(key k, std::span<const T> value, int priority = 0) {
     record* m = find(call_kind::push, k, value.size());
-    return submit(m, priority, [this, m, value, priority](auto done) {
-      push_one(*m, value, priority, std::move(done));
-    });
+    return submit(
+        m, priority,
+        [this, m, value, priority](auto done) { push_one(*m, value, priority, std::move(done)); },
+        nullptr, pipelines(*m, false));
   }
   /// Several devices' values of one key: summed here first, so one message per key leaves.
   op push(key k, std::initializer_list<std::span<const T>> values, int priority = 0) {
@@ -226,9 +227,12 @@ class KVStore<dist, T> {
 
   op pull(key k, std::span<T> out, int priority = 0) {
     record* m = find(call_kind::pull, k, out.size());
-    return submit(m, priority, [this, m, out, priority](auto done) {
-      impl_->reqs.pull(*m, {out}, priority, std::move(done));
-    });
+    return submit(
+        m, priority,
+        [this, m, out, priority](auto done) {
+          impl_->reqs.pull(*m, {out}, priority, std::move(done));
+        },
+        nullptr, pipelines(*m, true));
   }
   /// Each output gets the value.
   op pull(key k, std::initializer_list<std::span<T>> outs, int priority = 0) {
@@ -236,9 +240,10 @@ class KVStore<dist, T> {
     std::vector<std::span<T>> o(outs.begin(), outs.end());
     record* m = find(call_kind::pull, k, o.front().size());
     for (auto& x : o) check_size(call_kind::pull, *m, x.size());
-    return submit(m, priority, [this, m, o, priority](auto done) {
-      impl_->reqs.pull(*m, o, priority, std::move(done));
-    });
+    return submit(
+        m, priority,
+        [this, m, o, priority](auto done) { impl_->reqs.pull(*m, o, priority, std::move(done)); },
+        nullptr, pipelines(*m, true));
   }
   /// As the multi-key push: the small keys batched, the others one op per key. A key named
   /// twice fills each output.
@@ -562,7 +567,9 @@ class KVStore<dist, T> {
           reqs(client),
           batch(client),
           fuse(client),
-          eng(opts.threads) {}
+          eng(opts.threads) {
+      eng.set_max_pipeline(opts.pipeline_depth);  // ops of a key on the wire at most
+    }
     ~impl() {
       try {
         eng.wait_all();
@@ -702,15 +709,36 @@ class KVStore<dist, T> {
     return st;
   }
 
+  // One op on key m: f(done) runs once the key's earlier ops let it go. A pipelined op lets
+  // the key go once f returned (its frames are written or queued, in order), not when answered.
   template <class F>
-  op submit(const record* m, int priority, F&& f, std::shared_ptr<detail::op_state> st = nullptr) {
+  op submit(const record* m, int priority, F&& f, std::shared_ptr<detail::op_state> st = nullptr,
+            bool pipelined = false) {
     const bool fresh = !st;
     if (!st) st = new_state(1);
-    impl_->eng.submit(
-        m->queue, priority,
-        [f = std::forward<F>(f)](detail::engine::done_fn done) { f(std::move(done)); }, st,
-        /*may_run_inline=*/true);
+    detail::engine::task_fn task = [f = std::forward<F>(f)](detail::engine::done_fn done) {
+      f(std::move(done));
+    };
+    if (pipelined)
+      impl_->eng.submit_pipelined(m->queue, priority, std::move(task), st, /*may_run_inline=*/true);
+    else
+      impl_->eng.submit(m->queue, priority, std::move(task), st, /*may_run_inline=*/true);
     return fresh ? op(st) : op();
+  }
+
+  // Whether a one-key push (pull false) or pull of m streams behind the key's earlier ops
+  // (dist_options::pipeline_depth): its task writes one frame per server, in order, and nothing
+  // may reorder them later. Not with a re-send after a server restart (server_restart_wait),
+  // not a push that fusion may hold back (fuse_bytes), not a compressed push (its key's encode
+  // buffer is reused), not a pull a server may hold for staleness (a later push would overtake
+  // it), and not a value of several frames (bandwidth, not round trips, bounds those).
+  bool pipelines(const record& m, bool pull) const {
+    const dist_options& o = impl_->opts;
+    if (o.pipeline_depth < 2 || o.server_restart_wait.count() > 0 ||
+        m.total > o.chunk_bytes / sizeof(T))
+      return false;
+    if (pull) return o.sync || !o.staleness;
+    return o.fuse_bytes == 0 && impl_->reqs.travels_plain(m, false);
   }
 
   // A multi-key call: its small keys in batches of at most batch_keys, in the call's order

@@ -186,6 +186,16 @@ struct dist_options {
   /// KVSTORE_FUSE_BYTES, KVSTORE_FUSE_US.
   std::size_t fuse_bytes = 0;
   std::chrono::microseconds fuse_time{100};
+  /// Per-key pipelining: how many one-key pushes and pulls of one key may be on the wire before
+  /// the first is answered. Ops on a key still take effect in issue order (one connection per
+  /// server keeps it, and a server holds a worker's next push or pull of a key until its open
+  /// sync round completes), but back-to-back ops stream instead of paying a round trip each. 1:
+  /// each op waits for the previous one's answer. Only ops of one priority stream behind each
+  /// other (a connection sends higher priorities first). Only values of at most chunk_bytes
+  /// travelling plain pipeline; not while server_restart_wait is set (a re-send could reorder
+  /// them), nor pushes while fusion is on, nor pulls that servers may hold for staleness.
+  /// KVSTORE_PIPELINE_DEPTH.
+  std::uint32_t pipeline_depth = 16;
   /// A frame whose header announces more than this is refused and its connection closed. Its
   /// buffer grows as the bytes arrive, never on the header's word. KVSTORE_MAX_FRAME_BYTES.
   std::size_t max_frame_bytes = std::size_t{64} << 20;

@@ -317,3 +317,194 @@ TEST_CASE("wait_slot returns once the ops issued on the slot before it are done"
   key_slot idle;
   e.wait_slot(idle);  // nothing issued on it: at once
 }
+
+// Pipelined ops (engine::submit_pipelined): the key goes to the next op when a task returns.
+namespace {
+
+// Completions a test hands out later, from its own thread.
+struct deferred_dones {
+  std::mutex m;
+  std::vector<engine::done_fn> saved;
+  void keep(engine::done_fn d) {
+    std::lock_guard lk(m);
+    saved.push_back(std::move(d));
+  }
+  std::size_t size() {
+    std::lock_guard lk(m);
+    return saved.size();
+  }
+  engine::done_fn take_first() {
+    std::lock_guard lk(m);
+    auto d = std::move(saved.front());
+    saved.erase(saved.begin());
+    return d;
+  }
+};
+
+// Polls `cond` for up to 5 s.
+template <class F>
+bool eventually(F&& cond) {
+  for (int i = 0; i < 5000; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return cond();
+}
+
+}  // namespace
+
+TEST_CASE("pipelined ops on a key start in issue order before the earlier ones complete" *
+          doctest::timeout(30)) {
+  engine e(2);
+  e.set_max_pipeline(4);
+  key_slot s;
+  deferred_dones dones;
+  std::vector<int> started;
+  std::mutex m;
+  std::vector<std::shared_ptr<op_state>> ops;
+  for (int i = 0; i < 6; ++i) {
+    ops.push_back(std::make_shared<op_state>(1));
+    e.submit_pipelined(
+        s, 0,
+        [&, i](engine::done_fn d) {
+          {
+            std::lock_guard lk(m);
+            started.push_back(i);
+          }
+          dones.keep(std::move(d));
+        },
+        ops.back());
+  }
+  // Four stream; the fifth waits for the oldest to complete.
+  REQUIRE(eventually([&] { return dones.size() == 4; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  CHECK(dones.size() == 4);
+  for (auto& o : ops) CHECK_FALSE(kvstore::op(o).ready());
+  dones.take_first()(nullptr);  // op 0 answered: op 4 may go, not op 5
+  CHECK(kvstore::op(ops[0]).ready());
+  REQUIRE(eventually([&] { return dones.size() == 4; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  CHECK(dones.size() == 4);
+  dones.take_first()(nullptr);
+  REQUIRE(eventually([&] { return dones.size() == 4; }));
+  {
+    std::lock_guard lk(m);
+    CHECK(started == std::vector<int>{0, 1, 2, 3, 4, 5});
+  }
+  CHECK(s.busy());
+  while (dones.size()) dones.take_first()(nullptr);
+  e.wait_slot(s);
+  CHECK_FALSE(s.busy());
+  for (auto& o : ops) CHECK(kvstore::op(o).ready());
+}
+
+TEST_CASE("an op that is not pipelined waits until every earlier one completed, and holds the key" *
+          doctest::timeout(30)) {
+  engine e(2);
+  key_slot s;
+  deferred_dones dones;
+  std::atomic<int> plain_ran{0};
+  std::atomic<bool> after_ran{false};
+  for (int i = 0; i < 3; ++i)
+    e.submit_pipelined(
+        s, 0, [&](engine::done_fn d) { dones.keep(std::move(d)); }, nullptr);
+  auto plain = std::make_shared<op_state>(1);
+  e.submit(
+      s, 0,
+      [&](engine::done_fn d) {
+        plain_ran = 1;
+        dones.keep(std::move(d));
+      },
+      plain);
+  auto after = std::make_shared<op_state>(1);
+  e.submit_pipelined(
+      s, 0,
+      [&](engine::done_fn d) {
+        after_ran = true;
+        d(nullptr);  // done inside its task: it never streams
+      },
+      after);
+  REQUIRE(eventually([&] { return dones.size() == 3; }));
+  dones.take_first()(nullptr);
+  dones.take_first()(nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  CHECK(plain_ran == 0);  // one pipelined op still waits for its answer
+  dones.take_first()(nullptr);
+  REQUIRE(eventually([&] { return plain_ran == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  CHECK_FALSE(after_ran);  // the plain op holds the key until it completes
+  dones.take_first()(nullptr);
+  kvstore::op(after).wait();
+  CHECK(after_ran);
+  e.wait_slot(s);
+  CHECK_FALSE(s.busy());
+  CHECK(s.streaming == 0);
+}
+
+TEST_CASE("pipelined and plain ops at random: tasks in issue order, the limits kept" *
+          doctest::timeout(60)) {
+  engine e(3);
+  e.set_max_pipeline(3);
+  key_slot s;
+  std::mutex m;
+  std::vector<engine::done_fn> open;  // tasks that ran, not completed
+  std::vector<int> open_priority;     // and their priorities
+  std::vector<int> started;
+  std::vector<bool> done_ops(400, false);
+  bool violated = false;
+  std::mt19937 rng(7);
+  std::vector<bool> piped(400);
+  for (auto&& p : piped) p = rng() % 3 != 0;
+  std::atomic<bool> stop{false};
+  // Completes open ops at random, oldest first (one connection answers in order).
+  std::thread answerer([&] {
+    std::mt19937 r(11);
+    while (!stop) {
+      engine::done_fn d;
+      {
+        std::lock_guard lk(m);
+        if (!open.empty() && r() % 2) {
+          d = std::move(open.front());
+          open.erase(open.begin());
+          open_priority.erase(open_priority.begin());
+        }
+      }
+      if (d)
+        d(nullptr);
+      else
+        std::this_thread::yield();
+    }
+  });
+  auto st = std::make_shared<op_state>(400);
+  for (int i = 0; i < 400; ++i) {
+    auto task = [&, i](engine::done_fn d) {
+      std::lock_guard lk(m);
+      // In order; a plain op starts only once every earlier op is done; a pipelined one behind
+      // fewer than 3 of its own priority.
+      if (!started.empty() && started.back() != i - 1) violated = true;
+      if (!piped[static_cast<std::size_t>(i)] && !open.empty()) violated = true;
+      if (open.size() > 2) violated = true;
+      for (int p : open_priority)
+        if (p != (i / 8) % 4) violated = true;
+      started.push_back(i);
+      open_priority.push_back((i / 8) % 4);
+      open.push_back([&, i, d = std::move(d)](std::exception_ptr e) {
+        done_ops[static_cast<std::size_t>(i)] = true;
+        d(e);
+      });
+    };
+    if (piped[static_cast<std::size_t>(i)])
+      e.submit_pipelined(s, (i / 8) % 4, task, st, i % 2 == 0);
+    else
+      e.submit(s, (i / 8) % 4, task, st, i % 2 == 0);
+  }
+  kvstore::op(st).wait();
+  stop = true;
+  answerer.join();
+  e.wait_all();
+  CHECK_FALSE(violated);
+  CHECK(started.size() == 400);
+  CHECK(std::all_of(done_ops.begin(), done_ops.end(), [](bool b) { return b; }));
+  CHECK(s.streaming == 0);
+  CHECK_FALSE(s.busy());
+}

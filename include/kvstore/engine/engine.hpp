@@ -3,6 +3,9 @@
 // a server answers): the next op on the same key starts only once the previous one completed.
 // An op may span many keys (a batched multi-key call): it is queued on each key and runs once
 // it holds them all, so per-key issue order holds across batched and single-key ops.
+// A pipelined op (a request whose order the connection keeps) lets its key go as soon as its task
+// returns, not when it completes: back-to-back ops on one key stream instead of waiting a round
+// trip each. Ops that are not pipelined wait until no op of their key streams.
 #pragma once
 
 #include <kvstore/engine/key_slot.hpp>
@@ -42,6 +45,8 @@ struct engine_op {
   key_link one;             // the link of a one-key op
   std::unique_ptr<key_link[]> many;  // the links of a many-key op
   std::size_t keys = 1;
+  bool pipelined = false;           // lets its keys go when its task returns (submit_pipelined)
+  bool passed = false;              // let its keys go (engine lock)
   std::atomic<int> refs{2};         // the running task and its done: freed after both
   std::atomic<bool> called{false};  // done ran (a task may only complete once)
   key_link* links() noexcept { return many ? many.get() : &one; }
@@ -94,6 +99,27 @@ class engine {
   void submit(key_slot& slot, int priority, task_fn task, std::shared_ptr<op_state> part,
               bool may_run_inline = false) {
     auto* op = new engine_op(priority, std::move(task), std::move(part));
+    std::unique_lock lk(m_);
+    enqueue(op, slot, op->one);
+    start(op, lk, may_run_inline);
+  }
+
+  /// The most pipelined ops of one key past it and not done (the next waits for the oldest);
+  /// set before ops are submitted.
+  void set_max_pipeline(std::uint32_t n) noexcept {
+    max_pipeline_ = static_cast<std::uint16_t>(std::clamp<std::uint32_t>(n, 1, 0xffff));
+  }
+
+  /// As submit on `slot`, for a task that returns once its requests are written, in order, to
+  /// the connections that keep their order (or queued for them): the key then goes to the next
+  /// op while this one waits for its answer. The next op streams behind it if it is pipelined
+  /// and of the same priority (a connection sends higher priorities first); any other waits
+  /// until no op of the key streams. At most set_max_pipeline(n) ops of a key stream at once.
+  /// `part` completes, and wait_slot/wait_all count the op, when the task calls done.
+  void submit_pipelined(key_slot& slot, int priority, task_fn task, std::shared_ptr<op_state> part,
+                        bool may_run_inline = false) {
+    auto* op = new engine_op(priority, std::move(task), std::move(part));
+    op->pipelined = true;
     std::unique_lock lk(m_);
     enqueue(op, slot, op->one);
     start(op, lk, may_run_inline);
@@ -240,17 +266,24 @@ class engine {
     }
   }
 
-  // Queues `op` on `slot` through `link` (m_ held): it holds the key at once when the key is
-  // idle, else waits behind the ops queued before it.
-  static void enqueue(engine_op* op, key_slot& slot, key_link& link) {
+  // Whether `op` may take `slot` when no op holds it: once none streams, or, pipelined, behind
+  // fewer than max_pipeline_ of its own priority (a connection keeps only their order).
+  bool may_take(const engine_op* op, const key_slot& slot) const noexcept {
+    return slot.streaming == 0 || (op->pipelined && slot.streaming < max_pipeline_ &&
+                                   op->priority == slot.stream_priority);
+  }
+
+  // Queues `op` on `slot` through `link` (m_ held): it holds the key at once when it is free,
+  // else waits behind the ops queued before it.
+  void enqueue(engine_op* op, key_slot& slot, key_link& link) {
     link.op = op;
     link.slot = &slot;
     link.next = nullptr;
-    if (!slot.busy()) {  // idle: the op holds it now
-      ++slot.issued;
+    ++slot.issued;
+    if (!slot.held && !slot.head && may_take(op, slot)) {  // free: the op holds it now
+      slot.held = true;
       return;
     }
-    ++slot.issued;
     if (slot.tail)
       slot.tail->next = &link;
     else
@@ -288,7 +321,38 @@ class engine {
       done(std::current_exception());
     }
     op->task = nullptr;  // what it captured goes now, as the op may complete much later
+    if (op->pipelined) let_go(op);
     release(op);
+  }
+
+  // A pipelined op's task returned: its requests are on their way, in order, so its key goes to
+  // the next op (unless the op is done already: finish did that).
+  void let_go(engine_op* op) {
+    bool notify = false;
+    {
+      std::lock_guard lk(m_);
+      if (op->passed) return;
+      op->passed = true;
+      key_slot& slot = *op->one.slot;
+      slot.held = false;
+      slot.stream_priority = op->priority;
+      ++slot.streaming;
+      notify = advance(slot);
+    }
+    if (notify) cv_.notify_one();
+  }
+
+  // The key is not held (m_ held): its first waiting op takes it if it may. Returns whether an
+  // op became ready.
+  bool advance(key_slot& slot) {
+    key_link* next = slot.head;
+    if (slot.held || !next || !may_take(next->op, slot)) return false;
+    slot.head = next->next;
+    if (!slot.head) slot.tail = nullptr;
+    slot.held = true;
+    if (--next->op->waiting) return false;
+    ready_.push(next->op);
+    return true;
   }
 
   static void release(engine_op* op) {
@@ -302,19 +366,18 @@ class engine {
     {
       std::lock_guard lk(m_);
       key_link* links = op->links();
+      const bool streamed = op->passed;  // a pipelined op whose task let its key go already
+      op->passed = true;
       for (std::size_t i = 0; i < op->keys; ++i) {
         key_slot& slot = *links[i].slot;
         ++slot.completed;
-        if (key_link* next = slot.head) {
-          slot.head = next->next;
-          if (!slot.head) slot.tail = nullptr;
-          if (--next->op->waiting == 0) {
-            ready_.push(next->op);
-            notify = true;
-          }
-        } else if (op->by_id) {  // idle now: the engine's own queue of the key goes
+        if (streamed)
+          --slot.streaming;
+        else
+          slot.held = false;
+        notify = advance(slot) || notify;
+        if (op->by_id && !slot.held && !slot.head)  // idle: the engine's own queue of it goes
           keys_.erase(op->id);
-        }
       }
       --in_flight_;
       // Only a wait that can now be satisfied is woken: wait_all once nothing is in flight, and
@@ -336,6 +399,7 @@ class engine {
   std::size_t in_flight_ = 0;
   unsigned idle_ = 0;            // pool threads waiting for work
   std::size_t key_waiters_ = 0;  // threads in wait_key
+  std::uint16_t max_pipeline_ = 16;
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };

@@ -17,14 +17,19 @@ struct key_link {
   key_link* next = nullptr;
 };
 
-/// Ops waiting for a key, in issue order, behind the op that holds it: the oldest op not done
-/// holds the key, so it is busy while issued > completed. Read and written only under the
-/// engine's lock. 32 bytes, so a record keeps it in the cache line it reads anyway.
+/// Ops waiting for a key, in issue order, behind the op that holds it. An op holds the key until
+/// it is done, or, when pipelined, until its requests are on the wire (their order is then kept
+/// by the connection): it then streams, and the next op may take the key if it is pipelined and
+/// of the same priority (a connection sends a higher priority first). Any other op takes it only
+/// once no op streams. 40 bytes. Read and written only under the engine's lock.
 struct key_slot {
   key_link* head = nullptr;  // the first op waiting (the holder is not in the queue)
   key_link* tail = nullptr;
-  std::uint64_t issued = 0;     // ops queued on the key so far
-  std::uint64_t completed = 0;  // and done
+  std::uint64_t issued = 0;          // ops queued on the key so far
+  std::uint64_t completed = 0;       // and done
+  std::int32_t stream_priority = 0;  // theirs: all equal (a connection reorders priorities)
+  std::uint16_t streaming = 0;       // pipelined ops past the key, not done yet
+  bool held = false;                 // an op holds the key
 
   bool busy() const noexcept { return issued != completed; }
 };

@@ -94,6 +94,9 @@ inline void dist_options::apply_env() {
   count("KVSTORE_MAX_HELD_PULLS", max_held_pulls);
   count("KVSTORE_SERVER_THREADS", server_threads, true);
   count("KVSTORE_FUSE_BYTES", fuse_bytes, true);
+  if (auto v = env::first_of("KVSTORE_PIPELINE_DEPTH"))
+    pipeline_depth =
+        static_cast<std::uint32_t>(env::parse_int("KVSTORE_PIPELINE_DEPTH", *v, 1, 0xffff));
   if (auto v = env::first_of("KVSTORE_FUSE_US"))
     fuse_time = std::chrono::microseconds(env::parse_int("KVSTORE_FUSE_US", *v, 0, 1'000'000));
   apply_staleness_env();

@@ -22,6 +22,7 @@
 #include <kvstore/server/apply_pool.hpp>
 #include <kvstore/server/batch.hpp>
 #include <kvstore/server/held_pulls.hpp>
+#include <kvstore/server/parked.hpp>
 #include <kvstore/server/slice.hpp>
 #include <kvstore/wire/encoding.hpp>
 #include <kvstore/wire/frame.hpp>
@@ -245,6 +246,7 @@ class shard {
   /// One frame of a push: elements [h.offset, h.offset + n) of the key. h.aux is the worker's
   /// sequence number of the push (0: not numbered), flag_last marks its last frame.
   void push(int rank, const Port& from, const wire::header& h, std::span<const std::byte> payload) {
+    if (parks(rank, h)) return park(rank, from, h, {}, payload);
     if (wire::encoding_bits(h.flags)) return push_encoded(rank, from, h, payload);
     refuse_if_left(rank, h.key);
     slice& s = find(h);
@@ -350,6 +352,7 @@ class shard {
   /// The slice's value, in data frames of at most chunk_bytes (the last flagged); held first
   /// while the slice is below the version in h.aux or the puller is too far ahead (staleness).
   void pull(int rank, const Port& from, const wire::header& h) {
+    if (parks(rank, h)) return park(rank, from, h, {}, {});
     slice& s = find(h);
     // A pull in an encoding the server cannot answer is refused now, not once it is released.
     if (wire::encoding_bits(h.flags)) (void)pull_encoding(h);
@@ -617,7 +620,11 @@ class shard {
     for (auto& [k, s] : slices_)
       if (auto it = s.parts.find(rank); it != s.parts.end()) it->second.received = 0;
     held_.take_worker(rank);  // their answers cannot reach it; it re-sends them if it comes back
+    parked_.drop_worker(rank);
   }
+
+  /// Whether requests of worker `rank` on `key` are kept back behind an open sync round.
+  bool parked(std::uint64_t key, int rank) const { return parked_.has(key, rank); }
 
   // ---- held pulls (versions and bounded staleness) --------------------------------------------
 
@@ -655,6 +662,7 @@ class shard {
     }
     slices_ = std::move(slices);
     held_.take_all();
+    parked_.clear();
     waits_.clear();
     held_bytes_ = 0;
     for (const auto& entry : slices_)
@@ -794,7 +802,8 @@ class shard {
       return {};
     const std::uint64_t rel = h.offset - s.lo, n = h.payload_len / s.elem();
     if (rel > s.size() || n > s.size() - rel || active_workers() != 1 || left_.count(rank) ||
-        s.duplicate(rank, h.aux) || s.round_done.count(rank) || !s.cov.disjoint(rel, rel + n))
+        s.duplicate(rank, h.aux) || s.round_done.count(rank) || parked_.has(s.key, rank) ||
+        !s.cov.disjoint(rel, rel + n))
       return {};
     if (s.merge.size() != s.size() * s.elem()) s.merge.resize(s.size() * s.elem());
     return {s.merge.data() + rel * s.elem(), static_cast<std::size_t>(h.payload_len)};
@@ -1071,6 +1080,7 @@ class shard {
     changed();
     release_all(s.round_waiters, errc::ok, {});
     release_held(s);
+    serve_parked(s);
   }
 
   // ---- held pulls ----------------------------------------------------------------------------
@@ -1169,6 +1179,61 @@ class shard {
     s.round_done.clear();
     s.round_seq.clear();
     s.cov.clear();
+    serve_parked(s);
+  }
+
+  // ---- requests kept back behind an open sync round (server/parked.hpp) -----------------------
+
+  // In dist_sync, a push or pull of worker `rank` waits while its push of the key's open round
+  // is in, or while earlier requests of it on the key wait: a worker that pipelines its ops
+  // (dist_options::pipeline_depth) sends them before that push is answered, and they take effect
+  // after the round, in the order they came.
+  bool parks(int rank, const wire::header& h) const {
+    if (!cfg_.sync || serving_parked_) return false;
+    auto it = slices_.find(h.key);
+    if (it == slices_.end()) return false;  // unknown here: refused as usual
+    return it->second.round_done.count(rank) || parked_.has(h.key, rank);
+  }
+
+  void park(int rank, const Port& from, const wire::header& h, std::string_view meta,
+            std::span<const std::byte> payload) {
+    parked_.park(rank, from, h, meta, payload, {cfg_.max_held_pulls, cfg_.max_held_bytes}, who_);
+  }
+
+  // The round of `s` completed or failed: each worker's kept-back requests of its key are
+  // served in arrival order until one must wait again (a push of the next round is in). A
+  // request served here may complete a round itself; that round's call finds this one at work,
+  // and this loop goes on until no worker's next request may be served.
+  void serve_parked(slice& s) {
+    if (parked_.empty() || s.serving_parked) return;
+    s.serving_parked = true;
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int rank : parked_.ranks_of(s.key))
+        while (!s.round_done.count(rank)) {
+          auto r = parked_.take_first(s.key, rank);
+          if (!r) break;
+          progress = true;
+          serve_one(rank, *r);
+        }
+    }
+    s.serving_parked = false;
+  }
+
+  void serve_one(int rank, const parked_request<Port>& r) {
+    serving_parked_ = true;  // served now, not kept back again
+    struct reset {
+      bool& flag;
+      ~reset() { flag = false; }
+    } done{serving_parked_};
+    try {
+      if (r.h.command == wire::cmd::pull)
+        pull(rank, r.port, r.h);
+      else
+        push(rank, r.port, r.h, r.payload);
+    } catch (const error& e) {
+      r.port.reply(r.h.req_id, static_cast<errc>(e.code().value()), e.what());
+    }
   }
 
   shard_config cfg_;
@@ -1182,6 +1247,8 @@ class shard {
   rank_set left_, dead_;
   bytes scratch_;          // a compressed async push's frame, decoded (at most a slice's bytes)
   held_pulls<Port> held_;  // pulls waiting for a version or slower workers
+  parked_requests<Port> parked_;      // pipelined requests behind an open sync round
+  bool serving_parked_ = false;       // serve_one at work: its request is not kept back again
   std::unique_ptr<apply_pool> pool_;  // see pool()
 
   // Batched frames (server/batch.hpp).

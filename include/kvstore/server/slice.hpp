@@ -56,8 +56,9 @@ struct key_slice : wire::slice_header {
   // cache, so answering (which reads the slice) may set it.
   mutable std::shared_ptr<bytes> encoded;
   bool inited = false;
-  bool restored = false;  // loaded from a snapshot: re-sent inits are acknowledged
-  rank_set init_done;     // workers whose init arrived
+  bool restored = false;        // loaded from a snapshot: re-sent inits are acknowledged
+  bool serving_parked = false;  // the shard serves requests kept back behind its round
+  rank_set init_done;           // workers whose init arrived
   std::vector<reply_to<Port>> init_waiters;
   // The batched frame that named this slice last (server/batch.hpp: a key named twice in one
   // frame is refused before anything changes).
