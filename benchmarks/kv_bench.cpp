@@ -364,6 +364,9 @@ kvstore::dist_options cluster_options(int workers, int servers) {
   // KVSTORE_FUSE_BYTES=65536 measures one-key pushes with small-key fusion (off by default).
   if (const char* v = std::getenv("KVSTORE_FUSE_BYTES"))
     o.fuse_bytes = static_cast<std::size_t>(std::atoll(v));
+  // KVSTORE_PIPELINE_DEPTH=1 measures ops of one key that each wait for the previous answer.
+  if (const char* v = std::getenv("KVSTORE_PIPELINE_DEPTH"))
+    o.pipeline_depth = static_cast<std::uint32_t>(std::max(1, std::atoi(v)));
   return o;
 }
 
