@@ -726,6 +726,10 @@ class KVStore<dist, T> {
     return fresh ? op(st) : op();
   }
 
+  // Values above this do not pipeline: a server keeps what a worker sends ahead of an open sync
+  // round (bounded by max_queued_bytes), and a large value's frames keep the link busy anyway.
+  static constexpr std::size_t max_pipelined_bytes = std::size_t{64} << 10;
+
   // Whether a one-key push (pull false) or pull of m streams behind the key's earlier ops
   // (dist_options::pipeline_depth): its task writes one frame per server, in order, and nothing
   // may reorder them later. Not with a re-send after a server restart (server_restart_wait),
@@ -735,7 +739,7 @@ class KVStore<dist, T> {
   bool pipelines(const record& m, bool pull) const {
     const dist_options& o = impl_->opts;
     if (o.pipeline_depth < 2 || o.server_restart_wait.count() > 0 ||
-        m.total > o.chunk_bytes / sizeof(T))
+        m.total > std::min(o.chunk_bytes, max_pipelined_bytes) / sizeof(T))
       return false;
     if (pull) return o.sync || !o.staleness;
     return o.fuse_bytes == 0 && impl_->reqs.travels_plain(m, false);

@@ -191,9 +191,10 @@ struct dist_options {
   /// server keeps it, and a server holds a worker's next push or pull of a key until its open
   /// sync round completes), but back-to-back ops stream instead of paying a round trip each. 1:
   /// each op waits for the previous one's answer. Only ops of one priority stream behind each
-  /// other (a connection sends higher priorities first). Only values of at most chunk_bytes
-  /// travelling plain pipeline; not while server_restart_wait is set (a re-send could reorder
-  /// them), nor pushes while fusion is on, nor pulls that servers may hold for staleness.
+  /// other (a connection sends higher priorities first). Only values of at most 64 KiB (and
+  /// chunk_bytes) travelling plain pipeline (servers keep what is sent ahead of an open round,
+  /// within max_queued_bytes per worker); not while server_restart_wait is set (a re-send could
+  /// reorder them), nor pushes while fusion is on, nor pulls that servers may hold for staleness.
   /// KVSTORE_PIPELINE_DEPTH.
   std::uint32_t pipeline_depth = 16;
   /// A frame whose header announces more than this is refused and its connection closed. Its

@@ -155,7 +155,8 @@ TEST_CASE("dist_async keeps nothing back: pushes apply as they come" * doctest::
 TEST_CASE("what one worker may keep back is bounded: the next request is refused, by name" *
           doctest::timeout(10)) {
   auto c = fixture::config(2, true, 1 << 20);
-  c.max_held_pulls = 3;
+  // Bytes bound it: three pushes of two floats fit, with their bookkeeping.
+  c.max_held_bytes = 3 * (sizeof(kvstore::detail::parked_request<box_port>) + 2 * sizeof(float));
   fixture f(c);
   f.init_all(1, {0, 0}, 0, 2, 2);
   push(f, 0, {1, 1}, 1);

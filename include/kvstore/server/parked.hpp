@@ -66,9 +66,10 @@ class parked_requests {
       throw error(errc::invalid_argument,
                   who + " already keeps " + std::to_string(use.requests) + " requests (" +
                       std::to_string(use.bytes) + " bytes) of worker " + std::to_string(rank) +
-                      " back behind open sync rounds, its limit (KVSTORE_MAX_HELD_PULLS " +
-                      std::to_string(lim.max_requests) + ", " + std::to_string(lim.max_bytes) +
-                      " bytes): refused a request of key " + std::to_string(h.key));
+                      " back behind open sync rounds, its limit (" + std::to_string(lim.max_bytes) +
+                      " bytes, KVSTORE_MAX_QUEUED_BYTES; a lower KVSTORE_PIPELINE_DEPTH sends "
+                      "fewer ahead): refused a request of key " +
+                      std::to_string(h.key));
     }
     ++use.requests;
     use.bytes += cost;

@@ -1197,7 +1197,10 @@ class shard {
 
   void park(int rank, const Port& from, const wire::header& h, std::string_view meta,
             std::span<const std::byte> payload) {
-    parked_.park(rank, from, h, meta, payload, {cfg_.max_held_pulls, cfg_.max_held_bytes}, who_);
+    // Bounded by bytes alone (each request counts its copy and its bookkeeping): a worker that
+    // pulls every key after pushing it parks a pull per key, more than max_held_pulls allows.
+    parked_.park(rank, from, h, meta, payload,
+                 {std::numeric_limits<std::size_t>::max(), cfg_.max_held_bytes}, who_);
   }
 
   // The round of `s` completed or failed: each worker's kept-back requests of its key are
