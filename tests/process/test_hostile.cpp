@@ -84,6 +84,8 @@ std::vector<std::string> job_env(const std::string& role, std::uint16_t port, in
                                 "KVSTORE_TYPE=dist_async",
                                 "KVSTORE_DEAD_TIMEOUT_MS=600000",
                                 "KVSTORE_MAX_QUEUED_BYTES=" + std::to_string(queued_cap)};
+  for (auto& m : more)
+    if (m.rfind("KVSTORE_TYPE=", 0) == 0) std::erase(e, std::string("KVSTORE_TYPE=dist_async"));
   e.insert(e.end(), more.begin(), more.end());
   return e;
 }
@@ -94,8 +96,8 @@ proc start(const kvtest::temp_dir& dir, const std::string& name, std::vector<std
   return {kvtest::spawn(std::move(argv), std::move(env), log, log), log};
 }
 
-kvstore::dist_options worker_options(std::uint16_t port, int workers, int rank) {
-  auto o = kvtest::test_options(workers, 1, /*sync=*/false);
+kvstore::dist_options worker_options(std::uint16_t port, int workers, int rank, bool sync = false) {
+  auto o = kvtest::test_options(workers, 1, sync);
   o.scheduler_port = port;
   o.rank_hint = rank;
   o.token = token;
@@ -126,27 +128,32 @@ std::string frame_bytes(wire::header h, const std::string& meta = {},
 }
 
 // A job of one kv_server scheduler and one kv_server server, whose worker 0 is a real
-// KVStore<dist> in this process and whose worker 1 is this test's scripted peer.
+// KVStore<dist> in this process and whose worker 1 is this test's scripted peer; dist_async
+// unless `sync`.
 struct hostile_job {
+  explicit hostile_job(bool sync = false) : sync(sync) { join(); }
+
+  bool sync;
+  std::string type = sync ? "KVSTORE_TYPE=dist_sync" : "KVSTORE_TYPE=dist_async";
   kvtest::temp_dir dir{"kvstore-hostile"};
   std::uint16_t port = kvtest::free_port();
   proc scheduler = start(dir, "scheduler",
                          {KV_SERVER_PATH, "--role", "scheduler", "--port", std::to_string(port)},
-                         job_env("scheduler", port, 2));
+                         job_env("scheduler", port, 2, {type}));
   proc server = start(dir, "server", {KV_SERVER_PATH, "--role", "server"},
-                      job_env("server", port, 2, {"KVSTORE_RANK=0"}));
+                      job_env("server", port, 2, {"KVSTORE_RANK=0", type}));
   bool up = kvtest::wait_until([&] { return listening(port); }, 10s);
   kvtest::wire_peer registrar{port};  // worker 1's registration with the scheduler
   wire::address_book book;
   std::unique_ptr<KVStore<dist>> kv;
 
-  hostile_job() {
+  void join() {
     REQUIRE(up);
     REQUIRE(registrar.handshake(token));
     REQUIRE(
         registrar.send_frame(kvtest::hdr(wire::cmd::reg),
                              wire::encode_registration({kvstore::role::worker, 1, "", 0, 2, 1})));
-    kv = std::make_unique<KVStore<dist>>(worker_options(port, 2, 0));
+    kv = std::make_unique<KVStore<dist>>(worker_options(port, 2, 0, sync));
     wire::header h;
     std::string meta;
     REQUIRE(registrar.read_frame(h, meta));
@@ -288,6 +295,66 @@ TEST_CASE("a worker that floods, stalls and over-asks: server memory stays bound
   CHECK(out == filled(big, 2.5f));
   MESSAGE("server RSS before the attacks " << base / mib << " MiB, worst growth " << worst / 1024
                                            << " KiB");
+  kv.set_barrier_before_exit(false);
+}
+
+TEST_CASE(
+    "a worker pushing one key over and over in an open sync round: kept back within "
+    "max_queued_bytes, then refused; the rounds stay exact" *
+    doctest::timeout(120)) {
+  hostile_job job(/*sync=*/true);
+  INFO(job.logs());
+  KVStore<dist>& kv = *job.kv;
+  constexpr std::size_t big = mib / 4;  // key 1: 1 MiB of floats
+  kv.init(1, filled(big, 0.0f));
+  const std::size_t base = job.rss();
+  REQUIRE(base > 0);
+  auto p = job.peer();
+  // Worker 1's pushes of 1.0: the first opens round 1 (worker 0 has not pushed), the next
+  // ones wait behind it (the server keeps them, as it does a pipelining worker's), up to
+  // max_queued_bytes (4 MiB here: 3 pushes and their bookkeeping); after that each is refused.
+  wire::header h = request(wire::cmd::push, 1, big, 11);
+  h.flags = wire::flag_last;
+  const std::string ones = [] {
+    std::vector<float> v(big, 1.0f);
+    return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+  }();
+  for (int i = 0; i < 40; ++i) {
+    h.req_id = 100 + static_cast<std::uint64_t>(i);
+    REQUIRE(p->send_frame(h, {}, ones));
+  }
+  // The refusals, naming the key and the limit; no answer to the kept pushes yet.
+  int refused = 0;
+  for (int i = 0; i < 36; ++i) {
+    wire::header a;
+    std::string msg;
+    REQUIRE(p->read_frame(a, msg));
+    CHECK(a.command == wire::cmd::response);
+    CHECK(a.status == static_cast<std::uint32_t>(errc::invalid_argument));
+    CHECK(a.req_id >= 104);
+    refused += msg.find("key 1") != std::string::npos &&
+               msg.find("KVSTORE_MAX_QUEUED_BYTES") != std::string::npos;
+  }
+  CHECK(refused == 36);
+  const std::size_t peak = peak_rss(job.server.pid(), 500ms);
+  MESSAGE("server RSS +" << (peak > base ? peak - base : 0) / 1024 << " KiB");
+  CHECK(peak < base + 2 * queued_cap + 16 * mib);
+  // Worker 0's push completes round 1 with worker 1's first push; its pull sees exactly that.
+  kv.push(1, filled(big, 2.0f)).wait();
+  std::vector<float> out(big);
+  kv.pull(1, out).wait();
+  CHECK(out == filled(big, 3.0f));
+  // Round 2 holds worker 1's second push, its third and fourth wait: answered as worker 0 pushes.
+  for (int r = 2; r <= 4; ++r) {
+    kv.push(1, filled(big, 2.0f)).wait();
+    wire::header a;
+    std::string msg;
+    REQUIRE(p->read_frame(a, msg));
+    CHECK(a.status == static_cast<std::uint32_t>(errc::ok));
+  }
+  kv.pull(1, out).wait();
+  CHECK(out == filled(big, 3.0f));
+  CHECK(kv.version(1) == 4);
   kv.set_barrier_before_exit(false);
 }
 
