@@ -286,6 +286,21 @@ struct fixture {
   std::uint64_t req = 0;
 };
 
+/// The responses to request `id` in `rank`'s outbox (taken out).
+inline std::vector<answer> responses(fixture& f, int rank, std::uint64_t id) {
+  std::vector<answer> out;
+  auto& g = f.got(rank);
+  for (auto it = g.begin(); it != g.end();) {
+    if (it->h.req_id == id && !it->data) {
+      out.push_back(*it);
+      it = g.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return out;
+}
+
 inline errc code_of(const kvstore::error& e) { return static_cast<errc>(e.code().value()); }
 
 template <class F>

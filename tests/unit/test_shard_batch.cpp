@@ -46,21 +46,6 @@ std::uint64_t send(fixture& f, int rank, wire::cmd c, const std::vector<bkey>& k
   return h.req_id;
 }
 
-/// The responses to request `id` in `rank`'s outbox (taken out).
-std::vector<answer> responses(fixture& f, int rank, std::uint64_t id) {
-  std::vector<answer> out;
-  auto& g = f.got(rank);
-  for (auto it = g.begin(); it != g.end();) {
-    if (it->h.req_id == id && !it->data) {
-      out.push_back(*it);
-      it = g.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  return out;
-}
-
 /// A batched pull's answer: its data frames (flagged flag_batch, offsets counted from the first
 /// key's first element), put together.
 std::vector<float> pulled(fixture& f, const std::vector<bkey>& ks, int rank = 0) {

@@ -16,26 +16,23 @@ using namespace kvtest_shard;
 
 namespace {
 
-// The responses (not data frames) to request `id` in `rank`'s outbox, taken out.
-std::vector<answer> responses(fixture& f, int rank, std::uint64_t id) {
-  std::vector<answer> out;
-  auto& g = f.got(rank);
-  for (auto it = g.begin(); it != g.end();) {
-    if (it->h.req_id == id && !it->data) {
-      out.push_back(*it);
-      it = g.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  return out;
-}
-
 // Worker `rank`'s push of `v` into key 1 (2 elements), numbered `seq`; its request id.
 std::uint64_t push(fixture& f, int rank, const std::vector<float>& v, std::uint64_t seq) {
   f.push(rank, 1, v, 0, 2, seq);
   return f.req;
 }
+
+// Worker 0's pushes 1 and 2 of key 1 and a pull, all behind round 1 (worker 1 has not pushed).
+struct worker_0_ahead {
+  fixture f{2};
+  std::uint64_t p1 = 0, p2 = 0, q = 0;
+  worker_0_ahead() {
+    f.init_all(1, {0, 0}, 0, 2, 2);
+    p1 = push(f, 0, {1, 1}, 1);
+    p2 = push(f, 0, {2, 2}, 2);
+    q = f.send_pull(0, 1, 2);
+  }
+};
 
 }  // namespace
 
@@ -105,12 +102,9 @@ TEST_CASE("an optimizer applies each kept-back push in its own round" * doctest:
 
 TEST_CASE("a worker that dies or leaves: kept-back requests are answered, none hangs" *
           doctest::timeout(10)) {
+  worker_0_ahead w;
+  auto& [f, p1, p2, q] = w;
   SUBCASE("worker 1 dies: the open round fails, then so does the kept-back push") {
-    fixture f(2);
-    f.init_all(1, {0, 0}, 0, 2, 2);
-    const auto p1 = push(f, 0, {1, 1}, 1);
-    const auto p2 = push(f, 0, {2, 2}, 2);
-    const auto q = f.send_pull(0, 1, 2);
     f.sh.worker_dead(1, "worker 1 (node 11) died");
     auto a1 = responses(f, 0, p1);
     REQUIRE(a1.size() == 1);
@@ -122,21 +116,12 @@ TEST_CASE("a worker that dies or leaves: kept-back requests are answered, none h
     CHECK_FALSE(f.sh.parked(1, 0));
   }
   SUBCASE("worker 1 leaves: worker 0's rounds complete without it") {
-    fixture f(2);
-    f.init_all(1, {0, 0}, 0, 2, 2);
-    const auto p1 = push(f, 0, {1, 1}, 1);
-    const auto p2 = push(f, 0, {2, 2}, 2);
-    const auto q = f.send_pull(0, 1, 2);
     CHECK(f.sh.worker_left(1));
     CHECK(responses(f, 0, p1).size() == 1);
     CHECK(responses(f, 0, p2).size() == 1);
     CHECK(f.answer_of(0, q) == std::vector<float>{2, 2});
   }
   SUBCASE("worker 0's connection closes: what it had kept back is dropped") {
-    fixture f(2);
-    f.init_all(1, {0, 0}, 0, 2, 2);
-    push(f, 0, {1, 1}, 1);
-    push(f, 0, {2, 2}, 2);
     CHECK(f.sh.parked(1, 0));
     f.sh.connection_lost(0);
     CHECK_FALSE(f.sh.parked(1, 0));
