@@ -68,6 +68,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace {
@@ -305,7 +306,16 @@ float expected_sum(int workers, std::size_t k, std::size_t i) {
 }
 
 // Growth case g's key i (one float each): ids from 10,000,000 (g + 1), apart from every other key.
+// With KVSTORE_BENCH_HASHED_KEYS=1, the id a name such as "g2.k123" hashes to instead (what
+// named keys send: ids all over the 64-bit range, no two consecutive).
 std::int64_t growth_key(std::size_t g, std::size_t i) {
+  static const bool hashed = [] {
+    const char* v = std::getenv("KVSTORE_BENCH_HASHED_KEYS");
+    return v && std::string_view(v) == "1";
+  }();
+  if (hashed)
+    return static_cast<std::int64_t>(
+        kvstore::key::hash("g" + std::to_string(g) + ".k" + std::to_string(i)));
   return 10'000'000 * static_cast<std::int64_t>(g + 1) + static_cast<std::int64_t>(i);
 }
 // Backprop key i: id 5,000,000 + i, of 16, 256, 1024 or 4096 floats in turn (64 B to 16 KiB: the

@@ -2,6 +2,10 @@
 
 JOBS=${JOBS:-$(nproc)}
 
+# ccache keys on paths relative to the checkout, not on where it lies, so a second clone (CI's
+# fresh clone beside a developer's) reuses what the first compiled instead of building it all again.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+
 # configure DIR [CMAKE_ARGS...]: Ninja, RelWithDebInfo (-O2 -g), ccache when present.
 configure() {
   local dir=$1; shift

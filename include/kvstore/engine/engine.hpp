@@ -137,7 +137,11 @@ class engine {
     }
     key_link* links = op->links();
     std::unique_lock lk(m_);
-    for (std::size_t i = 0; i < slots.size(); ++i) enqueue(op, *slots[i], links[i]);
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      // A batch's slots lie in records all over memory: start loading a few ahead.
+      if (i + prefetch_ahead < slots.size()) __builtin_prefetch(slots[i + prefetch_ahead], 1);
+      enqueue(op, *slots[i], links[i]);
+    }
     start(op, lk, may_run_inline);
   }
 
@@ -369,6 +373,7 @@ class engine {
       const bool streamed = op->passed;  // a pipelined op whose task let its key go already
       op->passed = true;
       for (std::size_t i = 0; i < op->keys; ++i) {
+        if (i + prefetch_ahead < op->keys) __builtin_prefetch(links[i + prefetch_ahead].slot, 1);
         key_slot& slot = *links[i].slot;
         ++slot.completed;
         if (streamed)
@@ -388,6 +393,9 @@ class engine {
     if (notify) cv_.notify_one();
     if (wake_waiters) idle_cv_.notify_all();
   }
+
+  // How many keys ahead an op over many keys prefetches their slots.
+  static constexpr std::size_t prefetch_ahead = 8;
 
   std::mutex m_;
   std::condition_variable cv_;       // work for the pool

@@ -120,6 +120,7 @@ struct batch_ops {
     const std::uint64_t stamp = ++sh.batch_stamp_;
     std::uint64_t new_keys = 0, new_bytes = 0;
     for (std::size_t i = 0; i < entries.size(); ++i) {
+      prefetch_lookup(sh, entries, i);
       const wire::batch_entry e = entries[i];
       const std::uint64_t n = e.elements, rl = e.aux;
       if ((rl && n % rl) || n > sh.cfg_.max_key_bytes / elem)
@@ -194,6 +195,7 @@ struct batch_ops {
       const std::uint64_t stamp = ++sh.batch_stamp_;
       found.resize(entries.size());
       for (std::size_t i = 0; i < entries.size(); ++i) {
+        prefetch_lookup(sh, entries, i);
         const wire::batch_entry e = entries[i];
         slice& s = whole_slice(sh, h, e);
         named_once(s, stamp);
@@ -224,6 +226,7 @@ struct batch_ops {
     with_dtype(h.type, [&]<class T>() {
       const T* src = reinterpret_cast<const T*>(payload.data());
       for (std::size_t i = 0; i < entries.size(); ++i) {
+        prefetch_ahead(found, i);
         slice& s = *found[i];
         const std::uint64_t n = s.size(), seq = entries[i].aux;
         const T* value = src;
@@ -283,6 +286,7 @@ struct batch_ops {
     auto& found = sh.batch_slices_;
     found.resize(entries.size());
     for (std::size_t i = 0; i < entries.size(); ++i) {
+      prefetch_lookup(sh, entries, i);
       slice& s = whole_slice(sh, h, entries[i]);
       named_once(s, stamp);
       if (!sh.may_answer(rank, s, 0))
@@ -294,6 +298,7 @@ struct batch_ops {
     auto buf = std::make_shared<bytes>(h.total * elem);
     std::byte* at = buf->data();
     for (std::size_t i = 0; i < entries.size(); ++i) {
+      prefetch_ahead(found, i);
       const slice& s = *found[i];
       std::memcpy(at, s.value->data(), s.value->size());
       at += s.value->size();
@@ -315,6 +320,28 @@ struct batch_ops {
   }
 
  private:
+  // A frame's first pass looks up every key: the index slot of the key 16 ahead and the slice
+  // of the key 8 ahead start loading, so the misses of several keys overlap.
+  static void prefetch_lookup(const shard_t& sh, const wire::batch_entries& entries,
+                              std::size_t i) {
+    if (i + 16 < entries.size()) sh.slices_.prefetch_slot(entries[i + 16].key);
+    if (i + 8 < entries.size()) sh.slices_.prefetch_value(entries[i + 8].key, 3);
+  }
+
+  // A frame's second pass over its slices (the first found them, but over many keys they left
+  // the cache since): the slice 12 keys ahead, the vector holding the value of the one 8 ahead,
+  // and the value of the one 4 ahead start loading, so the misses of several keys overlap.
+  static void prefetch_ahead(const std::vector<slice*>& found, std::size_t i) {
+    if (i + 12 < found.size()) {
+      const char* s = reinterpret_cast<const char*>(found[i + 12]);
+      __builtin_prefetch(s);
+      __builtin_prefetch(s + 64);
+      __builtin_prefetch(s + 128);
+    }
+    if (i + 8 < found.size()) __builtin_prefetch(found[i + 8]->value.get());
+    if (i + 4 < found.size()) __builtin_prefetch(found[i + 4]->value->data());
+  }
+
   // While a frame's keys are served, answers wait for its changes (shard::begin_batch); also
   // when a key throws half-way (an optimizer's update).
   struct guard {

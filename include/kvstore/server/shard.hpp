@@ -15,6 +15,7 @@
 // Everything runs on one thread (the server's io thread): no locks.
 #pragma once
 
+#include <kvstore/detail/key_map.hpp>
 #include <kvstore/detail/log.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/node.hpp>
@@ -41,7 +42,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 namespace kvstore::detail {
@@ -73,7 +73,7 @@ template <class Port>
 class shard {
  public:
   using slice = key_slice<Port>;
-  using slice_map = std::unordered_map<std::uint64_t, slice>;
+  using slice_map = key_map<slice>;  // flat: a batched frame looks up every key
   /// Called when the shard changed (`important`: an init or optimizer change; `changes`: how
   /// many keys' rounds or pushes, one call for a batched frame's) before the change is
   /// answered, so a snapshot taken then holds everything that was answered.

@@ -1,0 +1,128 @@
+// A map from key id to V whose values never move (the server's slices: requests keep pointers
+// to them), found through a flat index (detail/flat_index.hpp) instead of a std::unordered_map's
+// buckets and nodes: over many keys a lookup costs one cache miss for the index slot and one
+// for the value, and a caller walking many keys can prefetch both some keys ahead (issue 12).
+// The subset of std::unordered_map's interface the shard uses, with the same meanings; iteration
+// order is unspecified, and an insert or erase invalidates iterators (not pointers to values).
+#pragma once
+
+#include <kvstore/detail/flat_index.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+namespace kvstore::detail {
+
+template <class V>
+class key_map {
+ public:
+  using value_type = std::pair<const std::uint64_t, V>;
+
+ private:
+  struct node {
+    value_type kv;
+    std::size_t pos;  // where nodes_ holds it
+  };
+
+ public:
+  template <bool Const>
+  class basic_iterator {
+   public:
+    using ptr = std::conditional_t<Const, const std::unique_ptr<node>*, std::unique_ptr<node>*>;
+    using ref = std::conditional_t<Const, const value_type&, value_type&>;
+    basic_iterator() = default;
+    explicit basic_iterator(ptr p) : p_(p) {}
+    operator basic_iterator<true>() const { return basic_iterator<true>(p_); }  // NOLINT
+    ref operator*() const { return (*p_)->kv; }
+    auto* operator->() const { return &(*p_)->kv; }
+    basic_iterator& operator++() {
+      ++p_;
+      return *this;
+    }
+    friend bool operator==(const basic_iterator& a, const basic_iterator& b) {
+      return a.p_ == b.p_;
+    }
+
+   private:
+    ptr p_ = nullptr;
+  };
+  using iterator = basic_iterator<false>;
+  using const_iterator = basic_iterator<true>;
+
+  key_map() = default;
+  key_map(key_map&&) noexcept = default;
+  key_map& operator=(key_map&&) noexcept = default;
+
+  iterator begin() noexcept { return iterator(nodes_.data()); }
+  iterator end() noexcept { return iterator(nodes_.data() + nodes_.size()); }
+  const_iterator begin() const noexcept { return const_iterator(nodes_.data()); }
+  const_iterator end() const noexcept { return const_iterator(nodes_.data() + nodes_.size()); }
+
+  iterator find(std::uint64_t id) noexcept {
+    node* n = index_.find(id);
+    return n ? iterator(nodes_.data() + n->pos) : end();
+  }
+  const_iterator find(std::uint64_t id) const noexcept {
+    const node* n = index_.find(id);
+    return n ? const_iterator(nodes_.data() + n->pos) : end();
+  }
+  std::size_t count(std::uint64_t id) const noexcept { return index_.find(id) ? 1 : 0; }
+  V& at(std::uint64_t id) {
+    node* n = index_.find(id);
+    if (!n) throw std::out_of_range("key_map::at: no such id");
+    return n->kv.second;
+  }
+  const V& at(std::uint64_t id) const { return const_cast<key_map&>(*this).at(id); }
+
+  /// The value of `id`, value-initialized and added if new; and whether it was added.
+  std::pair<iterator, bool> try_emplace(std::uint64_t id) {
+    if (node* n = index_.find(id)) return {iterator(nodes_.data() + n->pos), false};
+    if (nodes_.size() == nodes_.capacity())  // doubling: nothing is added if this throws
+      nodes_.reserve(std::max<std::size_t>(16, nodes_.size() * 2));
+    auto fresh = std::unique_ptr<node>(new node{{id, V{}}, nodes_.size()});
+    index_.insert(id, fresh.get());
+    nodes_.push_back(std::move(fresh));
+    return {iterator(nodes_.data() + nodes_.size() - 1), true};
+  }
+  V& operator[](std::uint64_t id) { return try_emplace(id).first->second; }
+
+  /// Removes `id`'s value (the last one takes its place in the iteration order).
+  std::size_t erase(std::uint64_t id) {
+    node* n = index_.erase(id);
+    if (!n) return 0;
+    const std::size_t at = n->pos;
+    if (at + 1 != nodes_.size()) {
+      std::swap(nodes_[at], nodes_.back());
+      nodes_[at]->pos = at;
+    }
+    nodes_.pop_back();
+    return 1;
+  }
+
+  std::size_t size() const noexcept { return nodes_.size(); }
+  bool empty() const noexcept { return nodes_.empty(); }
+  void clear() noexcept {
+    index_.clear();
+    nodes_.clear();
+  }
+
+  /// Starts loading the index slot of `id` (a hint; nothing is read).
+  void prefetch_slot(std::uint64_t id) const noexcept { index_.prefetch(id); }
+  /// Starts loading the first `lines` cache lines of `id`'s value, if present; best after
+  /// prefetch_slot(id) some iterations before.
+  void prefetch_value(std::uint64_t id, int lines = 1) const noexcept {
+    if (const node* n = index_.find(id))
+      for (int l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(n) + 64 * l);
+  }
+
+ private:
+  flat_index<node> index_;
+  std::vector<std::unique_ptr<node>> nodes_;
+};
+
+}  // namespace kvstore::detail
