@@ -9,6 +9,7 @@ using kvtest::error_of;
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <locale>
 #include <optional>
 #include <string>
@@ -318,4 +319,60 @@ TEST_CASE("the registry is safe to use from many threads" * doctest::timeout(60)
     });
   for (auto& t : ts) t.join();
   CHECK(ok == 1600);
+}
+
+// optim/simd.hpp: the four-lane loops of Adam and AdaGrad must give the scalar step's bits for
+// every element: plain values, clipped ones, zeros, infinities and NaN, over lengths that leave
+// a scalar tail, with and without weight decay and clipping.
+TEST_CASE("adam and adagrad four lanes at a time give the scalar step's bits" *
+          doctest::timeout(60)) {
+  std::vector<float> special{0.f,   -0.f,   1e-30f,   -1e-30f,   3.5f, -3.5f,
+                             1e30f, -1e30f, INFINITY, -INFINITY, NAN,  0.25f};
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (std::size_t n : {0u, 1u, 3u, 4u, 5u, 12u, 1001u}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      CAPTURE(n);
+      CAPTURE(variant);
+      const double wd = variant & 1 ? 0.01 : 0, clip = variant & 2 ? 2.0 : -1;
+      std::vector<float> g(n), w0(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        g[i] = i < special.size() ? special[i] : std::sin(float(i)) * 4.f;
+        w0[i] = i % 5 == 0 ? special[(i / 5) % special.size()] : std::cos(float(i));
+      }
+      // Adam: three steps, so m and v are not zero when the lanes read them.
+      const optim::adam a{.learning_rate = 0.01, .weight_decay = wd, .clip_gradient = clip};
+      std::vector<float> w1 = w0, m1(n), v1(n), w2 = w0, m2(n), v2(n);
+      for (std::uint64_t step = 1; step <= 3; ++step) {
+        const auto st = a.step_at<float>(step);
+        const std::size_t done =
+            kvstore::detail::adam_x4(st, g.data(), w1.data(), m1.data(), v1.data(), n);
+        CHECK(done <= n);
+        for (std::size_t i = done; i < n; ++i) st(g[i], w1[i], m1[i], v1[i]);
+        for (std::size_t i = 0; i < n; ++i) st(g[i], w2[i], m2[i], v2[i]);
+      }
+      CHECK(same_bits(w1, w2));
+      CHECK(same_bits(m1, m2));
+      CHECK(same_bits(v1, v2));
+      // AdaGrad, likewise.
+      const optim::adagrad ag{.learning_rate = 0.1, .weight_decay = wd, .clip_gradient = clip};
+      std::vector<float> x1 = w0, h1(n, 0.5f), x2 = w0, h2(n, 0.5f);
+      for (int step = 0; step < 3; ++step) {
+        const auto st = ag.step<float>();
+        const std::size_t done = kvstore::detail::adagrad_x4(st, g.data(), x1.data(), h1.data(), n);
+        for (std::size_t i = done; i < n; ++i) st(g[i], x1[i], h1[i]);
+        for (std::size_t i = 0; i < n; ++i) st(g[i], x2[i], h2[i]);
+      }
+      CHECK(same_bits(x1, x2));
+      CHECK(same_bits(h1, h2));
+    }
+  }
+#if KVSTORE_OPTIM_SSE
+  // On x86-64 the lanes run: all but the tail of 1001 elements.
+  const optim::adam a;
+  std::vector<float> g(1001, 1.f), w(1001), m(1001), v(1001);
+  CHECK(kvstore::detail::adam_x4(a.step_at<float>(1), g.data(), w.data(), m.data(), v.data(),
+                                 1001) == 1000);
+#endif
 }

@@ -4,11 +4,13 @@
 #include <kvstore/optim/elementwise.hpp>
 #include <kvstore/optim/grad.hpp>
 #include <kvstore/optim/optimizer.hpp>
+#include <kvstore/optim/simd.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <span>
 #include <string_view>
+#include <type_traits>
 
 namespace kvstore::optim {
 
@@ -44,7 +46,9 @@ struct adagrad {
     T* w = weight.data();
     const T* gr = grad.data();
     T* h = s.slot[0].data();
-    for (std::size_t i = 0; i < n; ++i) st(gr[i], w[i], h[i]);
+    std::size_t i = 0;
+    if constexpr (std::is_same_v<T, float>) i = kvstore::detail::adagrad_x4(st, gr, w, h, n);
+    for (; i < n; ++i) st(gr[i], w[i], h[i]);
   }
 
   template <class Ar>

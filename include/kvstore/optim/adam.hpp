@@ -4,12 +4,14 @@
 #include <kvstore/optim/elementwise.hpp>
 #include <kvstore/optim/grad.hpp>
 #include <kvstore/optim/optimizer.hpp>
+#include <kvstore/optim/simd.hpp>
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <type_traits>
 
 namespace kvstore::optim {
 
@@ -58,7 +60,9 @@ struct adam {
     const T* gr = grad.data();
     T* m = s.slot[0].data();
     T* v = s.slot[1].data();
-    for (std::size_t i = 0; i < n; ++i) st(gr[i], w[i], m[i], v[i]);
+    std::size_t i = 0;
+    if constexpr (std::is_same_v<T, float>) i = kvstore::detail::adam_x4(st, gr, w, m, v, n);
+    for (; i < n; ++i) st(gr[i], w[i], m[i], v[i]);
   }
 
   template <class Ar>
