@@ -100,13 +100,9 @@ class worker_client final : public transport::frame_handler {
       down = to_server ? servers_[static_cast<std::size_t>(peer)].down : sched_down_;
       const bool waiting = to_server && servers_[static_cast<std::size_t>(peer)].waiting;
       if (down.empty()) {
-        r.peer = peer;
-        auto t = r.timeout.count() ? r.timeout : opts_.request_timeout;
-        r.deadline = clock::now() + t;
-        r.timeout = t;
         // Held for a re-send while a lost server may come back (and while it is away).
         if (to_server && opts_.server_restart_wait.count() > 0) r.frames = frames;
-        pending_.emplace(id, std::move(r));
+        register_locked(id, peer, std::move(r), clock::now());
         if (to_server)
           alone = servers_[static_cast<std::size_t>(peer)].in_flight++ == 0 && frames.size() == 1;
         if (waiting) return;  // sent when the server is back
@@ -140,14 +136,8 @@ class worker_client final : public transport::frame_handler {
         next_id_ += rs.size();
         frame.h.req_id = first;
         const auto now = clock::now();
-        for (std::size_t i = 0; i < rs.size(); ++i) {
-          request& r = rs[i];
-          r.peer = peer;
-          auto t = r.timeout.count() ? r.timeout : opts_.request_timeout;
-          r.deadline = now + t;
-          r.timeout = t;
-          pending_.emplace(first + i, std::move(r));
-        }
+        for (std::size_t i = 0; i < rs.size(); ++i)
+          register_locked(first + i, peer, std::move(rs[i]), now);
         alone = srv.in_flight == 0;
         srv.in_flight += rs.size();
       }
@@ -216,6 +206,15 @@ class worker_client final : public transport::frame_handler {
   }
 
  private:
+  /// Request `id` to `peer` waits for its answer until its deadline (its own timeout, else
+  /// request_timeout, from `now`); m_ held.
+  void register_locked(std::uint64_t id, int peer, request&& r, clock::time_point now) {
+    r.peer = peer;
+    r.timeout = r.timeout.count() ? r.timeout : opts_.request_timeout;
+    r.deadline = now + r.timeout;
+    pending_.emplace(id, std::move(r));
+  }
+
   struct server_ref {
     int rank = 0, id = 0;
     std::string host;

@@ -306,13 +306,7 @@ struct batch_ops {
     const std::size_t chunk = std::max<std::size_t>(1, sh.cfg_.chunk_bytes / elem);
     for (std::uint64_t off = 0; off < h.total; off += chunk) {
       const std::uint64_t n = std::min<std::uint64_t>(chunk, h.total - off);
-      wire::header f;
-      f.command = wire::cmd::data;
-      f.req_id = h.req_id;
-      f.key = h.key;
-      f.total = h.total;
-      f.type = h.type;
-      f.priority = h.priority;
+      wire::header f = shard_t::data_header(h, h.total, h.type);
       f.offset = off;
       f.flags = wire::flag_batch | (off + n == h.total ? wire::flag_last : 0u);
       from.send(f, {buf->data() + off * elem, static_cast<std::size_t>(n * elem)}, buf);

@@ -934,12 +934,18 @@ class shard {
   }
 
   static wire::header data_header(const slice& s, const wire::header& asked) {
+    return data_header(asked, s.total, s.type);
+  }
+  // An answer's data frame header for request `asked`, of `total` elements of `type` in all
+  // (a slice's, or a batched pull's keys together).
+  static wire::header data_header(const wire::header& asked, std::uint64_t total,
+                                  wire::dtype type) {
     wire::header f;
     f.command = wire::cmd::data;
     f.req_id = asked.req_id;
     f.key = asked.key;
-    f.total = s.total;
-    f.type = s.type;
+    f.total = total;
+    f.type = type;
     f.priority = asked.priority;
     return f;
   }
