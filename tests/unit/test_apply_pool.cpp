@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -113,15 +115,25 @@ namespace {
 
 // Three dist_sync rounds of two workers over a key of n floats with optimizer `name`, on a
 // shard applying with `threads`; the pulled value after them.
+// Threads of this process now (/proc/self/task): the pool's helpers start on first use.
+std::size_t process_threads() {
+  return static_cast<std::size_t>(
+      std::distance(std::filesystem::directory_iterator("/proc/self/task"),
+                    std::filesystem::directory_iterator{}));
+}
+
+// `name` empty: no optimizer (a round stores the sum). `started`, if given, gets how many
+// threads the shard started over the rounds.
 std::vector<float> rounds(const std::string& name, const std::string& params, unsigned threads,
-                          std::uint64_t n) {
+                          std::uint64_t n, std::size_t* started = nullptr) {
   auto c = fixture::config(2, true, std::size_t{64} << 20);
   c.apply_threads = threads;
+  const std::size_t before = process_threads();
   fixture f(c);
   std::vector<float> init(n);
   for (std::uint64_t i = 0; i < n; ++i) init[i] = static_cast<float>(i % 1000) * 0.001f;
   f.init_all(1, init, 0, n, n);
-  f.set_optimizer(name, params);
+  if (!name.empty()) f.set_optimizer(name, params);
   for (int round = 1; round <= 3; ++round)
     for (int r = 0; r < 2; ++r) {
       std::vector<float> g(n);
@@ -135,6 +147,7 @@ std::vector<float> rounds(const std::string& name, const std::string& params, un
     for (auto& a : f.got(r)) REQUIRE(a.status == errc::ok);
     f.got(r).clear();
   }
+  if (started) *started = process_threads() - before;
   return f.pull(1, n);
 }
 
@@ -171,6 +184,21 @@ TEST_CASE("a large key's element-wise update is cut over the threads: the same b
     rounds("test::whole", params_of(counted::whole{}), 4, n);
     CHECK(counted::calls.calls == 3);
     CHECK(counted::calls.threads.size() == 1);
+  }
+  SUBCASE("no optimizer: a round's sum is cut over the threads, the same bits") {
+    std::size_t started_one = 0, started_four = 0;
+    const auto one = rounds("", "", 1, n, &started_one);
+    const auto four = rounds("", "", 4, n, &started_four);
+    CHECK(std::memcmp(one.data(), four.data(), n * sizeof(float)) == 0);
+    CHECK(started_one == 0);
+    CHECK(started_four == 3);  // the pool's helpers, started by the sums alone
+    // The last round's sum of both workers' gradients (rank r's of round 3).
+    for (std::uint64_t i : {std::uint64_t{0}, std::uint64_t{12345}, n - 1}) {
+      const auto g = [&](int r) {
+        return static_cast<float>((i * 7 + static_cast<std::uint64_t>(3 + r)) % 97) * 0.01f - 0.4f;
+      };
+      CHECK(four[i] == g(0) + g(1));
+    }
   }
   SUBCASE("a small key is not cut") {
     counted::calls.reset();

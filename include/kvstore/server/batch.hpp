@@ -246,7 +246,7 @@ struct batch_ops {
         }
         if (sh.cfg_.sync) {
           sh.begin_round_push(s, rank);
-          shard_t::template contribute<T>(s, 0, value, n);
+          sh.template contribute<T>(s, 0, value, n);
           if (each) {
             sh.end_round_push(s, rank, reply_to<Port>{from, h.req_id + i, no_batch, true}, seq);
           } else {

@@ -952,7 +952,7 @@ class shard {
 
   // Adds or copies `n` elements at slice offset `rel` into the round's merge buffer.
   template <class T>
-  static void contribute(slice& s, std::uint64_t rel, const T* src, std::uint64_t n) {
+  void contribute(slice& s, std::uint64_t rel, const T* src, std::uint64_t n) {
     T* m = reinterpret_cast<T*>(s.merge.data());
     s.cov.contribute(
         rel, rel + n,
@@ -960,7 +960,17 @@ class shard {
           if (m + b != src + (b - rel))
             std::memcpy(m + b, src + (b - rel), (e - b) * sizeof(T));  // else read in place
         },
-        [&](std::uint64_t b, std::uint64_t e) { add_into<T>(m + b, src + (b - rel), e - b); });
+        [&](std::uint64_t b, std::uint64_t e) { sum_into<T>(m + b, src + (b - rel), e - b); });
+  }
+  // d += a over n elements, cut over the apply pool's threads when large (as apply_range cuts
+  // an update): each element's sum depends on that element alone, so the same bits.
+  template <class T>
+  void sum_into(T* d, const T* a, std::uint64_t n) {
+    if (cfg_.apply_threads != 1 && n >= 2 * parallel_apply_elements)
+      return pool().run(n, parallel_apply_elements, [&](std::uint64_t lo, std::uint64_t hi) {
+        add_into<T>(d + lo, a + lo, hi - lo);
+      });
+    add_into<T>(d, a, n);
   }
   // d += a. Restrict parameters and blocks of 16: GCC's -O2 (RelWithDebInfo's, so kv_server's)
   // vectorizes a loop of known trip count over pointers that cannot overlap, not the plain
