@@ -776,7 +776,7 @@ class KVStore<dist, T> {
       auto lk = impl_->keys.read_lock();
       const std::uint64_t stamp = ++impl_->batch_calls;
       for (std::size_t i = 0; i < ks.size(); ++i) {
-        prefetch_ahead(ks, i);
+        impl_->keys.prefetch_ahead_locked([&](std::size_t j) { return ks[j].id(); }, i, ks.size());
         const std::uint64_t id = ks[i].id();
         record* m = checked(impl_->keys.find_locked(id), call, ks[i], bufs[i].size());
         if (batch_ok && detail::batches<T>::small(*m) && impl_->reqs.travels_plain(*m, pull)) {
@@ -797,19 +797,6 @@ class KVStore<dist, T> {
           std::span<const Buf>(large_bufs), [&](std::size_t i) { return large[i]; },
           [](const record* a, const record* b) { return a == b; });
     return out;
-  }
-
-  // Over many keys each key's index slot and record is a cache miss: load the slot of the key
-  // `ahead` positions on and the record of the one half as far, so the misses of several keys
-  // overlap instead of coming one after the other (read_lock held).
-  static constexpr std::size_t lookup_ahead = 16;
-  void prefetch_ahead(std::span<const key> ks, std::size_t i) const {
-    if (i + lookup_ahead < ks.size()) impl_->keys.prefetch_locked(ks[i + lookup_ahead].id());
-    if (i + lookup_ahead / 2 < ks.size())
-      if (const record* r = impl_->keys.find_locked(ks[i + lookup_ahead / 2].id())) {
-        __builtin_prefetch(r);  // the call reads both of the record's first two lines
-        __builtin_prefetch(reinterpret_cast<const char*>(r) + 64);
-      }
   }
 
   // The small keys of a call, each batch one engine op over its keys; all in one batch when a

@@ -8,6 +8,7 @@
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/detail/flat_index.hpp>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -37,9 +38,13 @@ class key_table {
   std::shared_lock<std::shared_mutex> read_lock() const { return std::shared_lock(m_); }
   /// The record of `id`, or nullptr; read_lock() held.
   key_record* find_locked(std::uint64_t id) const { return index_.find(id); }
-  /// Starts loading what find_locked(id) reads first; read_lock() held. A caller looking up many
-  /// ids prefetches some ids ahead of the one it looks up.
-  void prefetch_locked(std::uint64_t id) const { index_.prefetch(id); }
+  /// Step i of a walk calling find_locked(id_of(0)), ..., find_locked(id_of(n - 1)): prefetches
+  /// the ids ahead and the first two lines of their records, which a call reads
+  /// (flat_index::prefetch_ahead); read_lock() held.
+  template <class IdOf>
+  void prefetch_ahead_locked(IdOf&& id_of, std::size_t i, std::size_t n) const {
+    index_.prefetch_ahead(id_of, i, n, 2);
+  }
 
   /// Adds every record of `rs` whose id is free, under one lock (a multi-key init); returns the
   /// index of the first one whose id is taken (rs.size(): none), whose record stays in `rs`.

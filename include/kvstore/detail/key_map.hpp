@@ -77,7 +77,11 @@ class key_map {
     if (!n) throw std::out_of_range("key_map::at: no such id");
     return n->kv.second;
   }
-  const V& at(std::uint64_t id) const { return const_cast<key_map&>(*this).at(id); }
+  const V& at(std::uint64_t id) const {
+    const node* n = index_.find(id);
+    if (!n) throw std::out_of_range("key_map::at: no such id");
+    return n->kv.second;
+  }
 
   /// The value of `id`, value-initialized and added if new; and whether it was added.
   std::pair<iterator, bool> try_emplace(std::uint64_t id) {
@@ -111,13 +115,11 @@ class key_map {
     nodes_.clear();
   }
 
-  /// Starts loading the index slot of `id` (a hint; nothing is read).
-  void prefetch_slot(std::uint64_t id) const noexcept { index_.prefetch(id); }
-  /// Starts loading the first `lines` cache lines of `id`'s value, if present; best after
-  /// prefetch_slot(id) some iterations before.
-  void prefetch_value(std::uint64_t id, int lines = 1) const noexcept {
-    if (const node* n = index_.find(id))
-      for (int l = 0; l < lines; ++l) __builtin_prefetch(reinterpret_cast<const char*>(n) + 64 * l);
+  /// Step i of a walk looking up id_of(0), ..., id_of(n - 1): prefetches the ids ahead and
+  /// the first `lines` cache lines of their values (flat_index::prefetch_ahead).
+  template <class IdOf>
+  void prefetch_ahead(IdOf&& id_of, std::size_t i, std::size_t n, int lines) const noexcept {
+    index_.prefetch_ahead(id_of, i, n, lines);
   }
 
  private:

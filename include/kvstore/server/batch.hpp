@@ -314,12 +314,11 @@ struct batch_ops {
   }
 
  private:
-  // A frame's first pass looks up every key: the index slot of the key 16 ahead and the slice
-  // of the key 8 ahead start loading, so the misses of several keys overlap.
+  // A frame's first pass looks up every key: the keys ahead and their slices' first three
+  // lines start loading, so the misses of several keys overlap.
   static void prefetch_lookup(const shard_t& sh, const wire::batch_entries& entries,
                               std::size_t i) {
-    if (i + 16 < entries.size()) sh.slices_.prefetch_slot(entries[i + 16].key);
-    if (i + 8 < entries.size()) sh.slices_.prefetch_value(entries[i + 8].key, 3);
+    sh.slices_.prefetch_ahead([&](std::size_t j) { return entries[j].key; }, i, entries.size(), 3);
   }
 
   // A frame's second pass over its slices (the first found them, but over many keys they left

@@ -963,24 +963,16 @@ class shard {
         [&](std::uint64_t b, std::uint64_t e) { sum_into<T>(m + b, src + (b - rel), e - b); });
   }
   // d += a over n elements, cut over the apply pool's threads when large (as apply_range cuts
-  // an update): each element's sum depends on that element alone, so the same bits.
+  // an update): each element's sum depends on that element alone, so the same bits. The loop
+  // is the wire's plain add (blocks of 16 over restrict pointers), which GCC vectorizes at -O2,
+  // RelWithDebInfo's and so kv_server's; a plain loop needs -O3 there.
   template <class T>
   void sum_into(T* d, const T* a, std::uint64_t n) {
-    if (cfg_.apply_threads != 1 && n >= 2 * parallel_apply_elements)
-      return pool().run(n, parallel_apply_elements, [&](std::uint64_t lo, std::uint64_t hi) {
-        add_into<T>(d + lo, a + lo, hi - lo);
-      });
-    add_into<T>(d, a, n);
-  }
-  // d += a. Restrict parameters and blocks of 16: GCC's -O2 (RelWithDebInfo's, so kv_server's)
-  // vectorizes a loop of known trip count over pointers that cannot overlap, not the plain
-  // loop (that takes -O3, or a run-time overlap check -O2 does not add).
-  template <class T>
-  static void add_into(T* __restrict d, const T* __restrict a, std::uint64_t n) {
-    std::uint64_t i = 0;
-    for (; i + 16 <= n; i += 16)
-      for (std::uint64_t j = 0; j < 16; ++j) d[i + j] += a[i + j];
-    for (; i < n; ++i) d[i] += a[i];
+    auto add = [&](std::uint64_t lo, std::uint64_t hi) {
+      wire::convert_elements<true>(a + lo, hi - lo, d + lo, [](T x) { return x; });
+    };
+    if (cut_over_pool(n)) return pool().run(n, parallel_apply_elements, add);
+    add(0, n);
   }
 
   // A worker that left the group (leave, bye) pushes no more: its push is refused, not summed.
@@ -1049,14 +1041,16 @@ class shard {
       upd.fn(k, std::span<const T>(grad + lo, hi - lo), std::span<T>(w + lo, hi - lo),
              optim::updater<T>::view(st, rel + lo, hi - lo, s.mult));
     };
-    if (upd.elementwise && cfg_.apply_threads != 1 && n >= 2 * parallel_apply_elements)
-      return pool().run(n, parallel_apply_elements, update);
+    if (upd.elementwise && cut_over_pool(n)) return pool().run(n, parallel_apply_elements, update);
     update(0, n);
   }
 
-  // An element-wise update of at least twice this many elements is cut over the apply pool's
-  // threads (1 MiB of float a chunk at least: less is not worth waking a thread for).
+  // An element-wise update or sum of at least twice this many elements is cut over the apply
+  // pool's threads (1 MiB of float a chunk at least: less is not worth waking a thread for).
   static constexpr std::uint64_t parallel_apply_elements = std::uint64_t{1} << 18;
+  bool cut_over_pool(std::uint64_t n) const {
+    return cfg_.apply_threads != 1 && n >= 2 * parallel_apply_elements;
+  }
 
   // The apply pool, started on the first large update (a shard that never sees one starts no
   // thread).
