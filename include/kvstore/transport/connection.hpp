@@ -1,14 +1,16 @@
 // One framed TCP connection over Boost.Asio: a buffered frame reader that hands payloads to a
 // sink chosen by the owner (so a pull's answer lands straight in the caller's buffer), and a send
-// queue ordered by (priority desc, sequence asc) whose frames are written with scatter/gather
-// straight from the caller's buffers. All socket work happens on the connection's executor
-// (one io thread per process); send() may be called from any thread.
+// queue (transport/send_queue.hpp: priority desc, then order queued) whose frames are written
+// with scatter/gather straight from the caller's buffers. All socket work happens on the
+// connection's executor (one io thread per process); send() may be called from any thread.
 #pragma once
 
 #include <kvstore/detail/log.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/transport/auth.hpp>
+#include <kvstore/transport/out_frame.hpp>
 #include <kvstore/transport/security.hpp>
+#include <kvstore/transport/send_queue.hpp>
 #include <kvstore/transport/tls.hpp>
 #include <kvstore/wire/frame.hpp>
 
@@ -31,7 +33,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <queue>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,15 +43,6 @@ namespace kvstore::transport {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
-
-/// One frame to send. `payload` points at bytes kept alive by `keep` (or by the caller's op rule).
-struct out_frame {
-  wire::header h;
-  std::string meta;
-  const std::byte* payload = nullptr;
-  std::size_t payload_len = 0;
-  std::shared_ptr<const void> keep;
-};
 
 class connection;
 
@@ -136,7 +128,7 @@ class connection : public std::enable_shared_from_this<connection> {
         start = true;
       } else {
         queued_bytes_ += frame_bytes(f);
-        queue_.push(queued{std::move(f), seq_++});
+        queue_.push(std::move(f));
         if (!writing_ && authed_) {
           writing_ = true;
           start = true;
@@ -194,17 +186,6 @@ class connection : public std::enable_shared_from_this<connection> {
   bool said_bye = false;
 
  private:
-  struct queued {
-    out_frame f;
-    std::uint64_t seq;
-  };
-  struct queued_less {
-    bool operator()(const queued& a, const queued& b) const noexcept {
-      if (a.f.h.priority != b.f.h.priority) return a.f.h.priority < b.f.h.priority;
-      return a.seq > b.seq;
-    }
-  };
-
   // Runs f on the stream all IO uses: the TLS stream when TLS is on, else the socket.
   template <class F>
   void io(F&& f) {
@@ -587,7 +568,8 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   void write_more() {
-    std::vector<asio::const_buffer> bufs;
+    auto& bufs = wbufs_;
+    bufs.clear();
     std::size_t skip = 0;
     {
       std::lock_guard lk(qm_);
@@ -607,7 +589,7 @@ class connection : public std::enable_shared_from_this<connection> {
       std::size_t bytes = 0;
       while (!queue_.empty() && inflight_.size() < 64 &&
              (inflight_.empty() || bytes < gather_bytes_)) {
-        inflight_.push_back(std::move(const_cast<queued&>(queue_.top()).f));
+        inflight_.push_back(std::move(queue_.front()));
         queue_.pop();
         bytes += inflight_.back().payload_len + inflight_.back().meta.size() + wire::header_size;
       }
@@ -627,8 +609,10 @@ class connection : public std::enable_shared_from_this<connection> {
       bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
       if (!bufs.empty()) bufs.front() += skip;
     }
+    // A span, not the vector: async_write copies the buffer sequence it is given, and wbufs_
+    // stays untouched until this write completes.
     io([&](auto& st) {
-      asio::async_write(st, bufs,
+      asio::async_write(st, std::span<const asio::const_buffer>(bufs),
                         [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
                           std::size_t done = 0;
                           for (auto& f : self->inflight_) done += frame_bytes(f);
@@ -646,7 +630,7 @@ class connection : public std::enable_shared_from_this<connection> {
     {
       std::lock_guard lk(qm_);
       closed_ = true;
-      while (!queue_.empty()) queue_.pop();
+      queue_.clear();
       partial_.clear();
       queued_bytes_ = 0;
     }
@@ -693,8 +677,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::size_t got_ = 0;
 
   std::mutex qm_;
-  std::priority_queue<queued, std::vector<queued>, queued_less> queue_;
-  std::uint64_t seq_ = 0;
+  send_queue queue_;
   bool writing_ = false;
   bool closed_ = false;
   std::atomic<bool> closed_flag_{false};
@@ -703,6 +686,7 @@ class connection : public std::enable_shared_from_this<connection> {
   std::atomic<int> direct_writers_{0};  // callers inside write_now's sendmsg (0 or 1: qm_ held)
   std::size_t partial_skip_ = 0;        // how much of it went
   std::vector<wire::header_bytes> hdrs_;
+  std::vector<asio::const_buffer> wbufs_;  // the write in progress: inflight_'s pieces
 };
 
 /// Connects to host:port, retrying refused connections until the deadline (the peer may not be
