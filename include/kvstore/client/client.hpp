@@ -6,6 +6,7 @@
 #pragma once
 
 #include <kvstore/client/call.hpp>
+#include <kvstore/client/pending.hpp>
 #include <kvstore/detail/log.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/op.hpp>
@@ -40,24 +41,8 @@ class worker_client final : public transport::frame_handler {
  public:
   static constexpr int to_scheduler = -1;
 
-  /// One request: the part of an operation it completes, what it is (for messages), and for
-  /// answers with data either a destination buffer (dense pulls) or a callback.
-  struct request {
-    std::shared_ptr<op_state> done;
-    request_label what;
-    std::byte* out = nullptr;  // data frames at key element offset o land at out + o * elem
-    std::size_t out_bytes = 0;
-    std::size_t elem = 0;
-    std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
-    std::function<void(const wire::header&, std::span<const std::byte>)> on_response;
-    /// Sees the text of a successful response (what a server names in it), before on_response.
-    std::function<void(std::string_view)> on_text;
-    std::chrono::milliseconds timeout{0};
-    // set by send()
-    std::vector<transport::out_frame> frames;  // kept while a server restart may need a re-send
-    int peer = 0;
-    clock::time_point deadline;
-  };
+  /// One request (client/pending.hpp).
+  using request = pending_request;
 
   /// Joins the job: registers with the scheduler, waits for the address book, connects to every
   /// server. Throws kvstore::error naming what could not be reached within connect_timeout.
@@ -93,7 +78,7 @@ class worker_client final : public transport::frame_handler {
     for (auto& f : frames) f.h.sender = id_;
     {
       std::lock_guard lk(m_);
-      id = next_id_++;
+      id = pending_.next_ids();
       for (auto& f : frames) f.h.req_id = id;
       const bool to_server = peer != to_scheduler;
       c = to_server ? servers_[static_cast<std::size_t>(peer)].conn : sched_;
@@ -102,9 +87,8 @@ class worker_client final : public transport::frame_handler {
       if (down.empty()) {
         // Held for a re-send while a lost server may come back (and while it is away).
         if (to_server && opts_.server_restart_wait.count() > 0) r.frames = frames;
-        register_locked(id, peer, std::move(r), clock::now());
-        if (to_server)
-          alone = servers_[static_cast<std::size_t>(peer)].in_flight++ == 0 && frames.size() == 1;
+        alone = pending_.add(id, peer, std::move(r), clock::now(), opts_.request_timeout) == 0 &&
+                to_server && frames.size() == 1;
         if (waiting) return;  // sent when the server is back
       }
     }
@@ -132,14 +116,12 @@ class worker_client final : public transport::frame_handler {
       down = srv.down;
       if (down.empty() && srv.waiting) down = srv.lost_why;  // (no re-send without frames)
       if (down.empty()) {
-        const std::uint64_t first = next_id_;
-        next_id_ += rs.size();
+        const std::uint64_t first = pending_.next_ids(rs.size());
         frame.h.req_id = first;
         const auto now = clock::now();
+        alone = pending_.in_flight(peer) == 0;
         for (std::size_t i = 0; i < rs.size(); ++i)
-          register_locked(first + i, peer, std::move(rs[i]), now);
-        alone = srv.in_flight == 0;
-        srv.in_flight += rs.size();
+          pending_.add(first + i, peer, std::move(rs[i]), now, opts_.request_timeout);
       }
     }
     if (!down.empty()) {
@@ -154,7 +136,7 @@ class worker_client final : public transport::frame_handler {
   /// Requests in flight to server `peer` (answers not yet in).
   std::size_t in_flight(int peer) {
     std::lock_guard lk(m_);
-    return servers_[static_cast<std::size_t>(peer)].in_flight;
+    return pending_.in_flight(peer);
   }
 
   /// Runs fn on the io thread after `delay` (a timer per call).
@@ -206,23 +188,13 @@ class worker_client final : public transport::frame_handler {
   }
 
  private:
-  /// Request `id` to `peer` waits for its answer until its deadline (its own timeout, else
-  /// request_timeout, from `now`); m_ held.
-  void register_locked(std::uint64_t id, int peer, request&& r, clock::time_point now) {
-    r.peer = peer;
-    r.timeout = r.timeout.count() ? r.timeout : opts_.request_timeout;
-    r.deadline = now + r.timeout;
-    pending_.emplace(id, std::move(r));
-  }
-
   struct server_ref {
     int rank = 0, id = 0;
     std::string host;
     std::uint16_t port = 0;
     std::shared_ptr<transport::connection> conn;
-    std::string down;           // non-empty once lost for good: why
-    std::size_t in_flight = 0;  // requests in pending_ for this server
-    bool waiting = false;       // lost, waiting up to server_restart_wait for it to come back
+    std::string down;      // non-empty once lost for good: why
+    bool waiting = false;  // lost, waiting up to server_restart_wait for it to come back
     clock::time_point lost_at{};
     std::string lost_why;
   };
@@ -355,14 +327,7 @@ class worker_client final : public transport::frame_handler {
     std::vector<request> expired;
     {
       std::lock_guard lk(m_);
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        if (it->second.deadline <= now) {
-          expired.push_back(std::move(it->second));
-          it = erase_pending(it);
-        } else {
-          ++it;
-        }
-      }
+      expired = pending_.take_expired(now);
     }
     for (auto& r : expired) {
       std::string who = r.peer == to_scheduler
@@ -383,9 +348,9 @@ class worker_client final : public transport::frame_handler {
   std::span<std::byte> payload_sink(transport::connection&, const wire::header& h) override {
     if (h.command != wire::cmd::data || (h.flags & wire::flag_rows)) return {};
     std::lock_guard lk(m_);
-    auto it = pending_.find(h.req_id);
-    if (it == pending_.end() || !it->second.out || !it->second.elem) return {};
-    auto& r = it->second;
+    const request* p = pending_.find(h.req_id);
+    if (!p || !p->out || !p->elem) return {};
+    auto& r = *p;
     const std::uint64_t off = h.offset * r.elem;
     if (h.offset > r.out_bytes / r.elem || h.payload_len > r.out_bytes - off) return {};
     return {r.out + off, static_cast<std::size_t>(h.payload_len)};
@@ -427,17 +392,14 @@ class worker_client final : public transport::frame_handler {
         std::optional<request> bad;
         {
           std::lock_guard lk(m_);
-          auto it = pending_.find(h.req_id);
-          if (it == pending_.end()) return;
-          auto& r = it->second;
+          request* p = pending_.find(h.req_id);
+          if (!p) return;
+          auto& r = *p;
           on_data = r.on_data;
           direct =
               r.out && !(h.flags & wire::flag_rows) && payload.data() == r.out + h.offset * r.elem;
-          if (!direct && !on_data && r.out) {
-            // The sink refused this frame: it does not fit the caller's buffer.
-            bad = std::move(r);
-            erase_pending(it);
-          }
+          if (!direct && !on_data && r.out)  // the sink refused it: it does not fit the buffer
+            bad = pending_.take(h.req_id);
         }
         if (bad)  // completed without m_: a completion may run the key's next op, which sends
           return bad->done->complete_part(std::make_exception_ptr(
@@ -456,42 +418,19 @@ class worker_client final : public transport::frame_handler {
   }
 
   // An ok answer to requests [first, first + n) (fused pushes, client/fusion.hpp): each one
-  // still pending completes. More than are pending is a server out of its mind.
+  // still pending completes.
   void take_each(std::uint64_t first, std::uint64_t n) {
     std::vector<request> done;
     {
       std::lock_guard lk(m_);
-      if (n > pending_.size() || first > ~std::uint64_t{0} - n)
-        throw error(errc::protocol,
-                    "an answer to " + std::to_string(n) + " requests, more than are in flight");
-      done.reserve(static_cast<std::size_t>(n));
-      for (std::uint64_t i = 0; i < n; ++i) {
-        auto it = pending_.find(first + i);
-        if (it == pending_.end()) continue;  // failed earlier (deadline)
-        done.push_back(std::move(it->second));
-        erase_pending(it);
-      }
+      done = pending_.take_run(first, n);
     }
     for (auto& r : done) r.done->complete_part();
   }
 
   std::optional<request> take(std::uint64_t id) {
     std::lock_guard lk(m_);
-    auto it = pending_.find(id);
-    if (it == pending_.end()) return std::nullopt;
-    request r = std::move(it->second);
-    erase_pending(it);
-    return r;
-  }
-
-  // Removes a request from pending_ (m_ held), keeping its server's in-flight count.
-  std::unordered_map<std::uint64_t, request>::iterator erase_pending(
-      std::unordered_map<std::uint64_t, request>::iterator it) {
-    const int peer = it->second.peer;
-    if (peer >= 0 && static_cast<std::size_t>(peer) < servers_.size() &&
-        servers_[static_cast<std::size_t>(peer)].in_flight)
-      --servers_[static_cast<std::size_t>(peer)].in_flight;
-    return pending_.erase(it);
+    return pending_.take(id);
   }
 
   void on_address_book(const wire::header& h, const std::string& meta) {
@@ -563,10 +502,8 @@ class worker_client final : public transport::frame_handler {
       std::lock_guard lk(m_);
       s.waiting = false;
       dead_.erase(s.id);
-      for (auto& [id, r] : pending_)
-        if (r.peer == static_cast<int>(i)) again.emplace_back(id, r.frames);
+      again = pending_.frames_of(static_cast<int>(i));
     }
-    std::sort(again.begin(), again.end(), [](auto& a, auto& b) { return a.first < b.first; });
     for (auto& [id, frames] : again)
       for (auto& f : frames) s.conn->send(f);
     detail::log_warn(who_, node_name(s.id) + " is back: re-sent " + std::to_string(again.size()) +
@@ -590,14 +527,7 @@ class worker_client final : public transport::frame_handler {
     std::vector<request> failed;
     {
       std::lock_guard lk(m_);
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        if (it->second.peer == peer) {
-          failed.push_back(std::move(it->second));
-          it = erase_pending(it);
-        } else {
-          ++it;
-        }
-      }
+      failed = pending_.take_peer(peer);
     }
     for (auto& r : failed)
       r.done->complete_part(
@@ -684,12 +614,12 @@ class worker_client final : public transport::frame_handler {
     transport::asio::post(io_, [this] { io_.stop(); });
     thread_.join();
     // Anything still pending fails rather than hangs.
-    std::unordered_map<std::uint64_t, request> left;
+    std::vector<request> left;
     {
       std::lock_guard lk(m_);
-      left.swap(pending_);
+      left = pending_.take_all();
     }
-    for (auto& [id, r] : left)
+    for (auto& r : left)
       r.done->complete_part(std::make_exception_ptr(
           error(errc::shutdown, r.what.str() + ": the store is shutting down")));
   }
@@ -704,9 +634,8 @@ class worker_client final : public transport::frame_handler {
   std::shared_ptr<transport::connection> sched_;
   std::string sched_down_;
   std::vector<server_ref> servers_;
-  std::unordered_map<std::uint64_t, request> pending_;
+  request_table pending_;  // under m_
   std::set<int> dead_;
-  std::uint64_t next_id_ = 1;
   int rank_ = -1, id_ = -1, num_workers_ = 0;
   std::string credential_;  // from the address book: proves this worker's rank to servers
   std::unordered_map<const transport::connection*, waiting_hello> hellos_;  // under m_

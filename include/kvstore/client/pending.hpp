@@ -1,0 +1,174 @@
+// A worker's requests waiting for their answers: each by its request id, with its peer, its
+// deadline and what completes it, and how many wait on each server. worker_client
+// (client/client.hpp) joins the job and moves frames; this is the table it keeps under its lock.
+// Not thread-safe: every call is made with the owner's lock held.
+#pragma once
+
+#include <kvstore/client/call.hpp>
+#include <kvstore/error.hpp>
+#include <kvstore/op.hpp>
+#include <kvstore/transport/out_frame.hpp>
+#include <kvstore/wire/frame.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace kvstore::detail {
+
+/// One request: the part of an operation it completes, what it is (for messages), and for
+/// answers with data either a destination buffer (dense pulls) or a callback.
+struct pending_request {
+  using clock = std::chrono::steady_clock;
+  std::shared_ptr<op_state> done;
+  request_label what;
+  std::byte* out = nullptr;  // data frames at key element offset o land at out + o * elem
+  std::size_t out_bytes = 0;
+  std::size_t elem = 0;
+  std::function<void(const wire::header&, std::span<const std::byte>)> on_data;
+  std::function<void(const wire::header&, std::span<const std::byte>)> on_response;
+  /// Sees the text of a successful response (what a server names in it), before on_response.
+  std::function<void(std::string_view)> on_text;
+  std::chrono::milliseconds timeout{0};
+  // set when sent
+  std::vector<transport::out_frame> frames;  // kept while a server restart may need a re-send
+  int peer = 0;
+  clock::time_point deadline;
+};
+
+class request_table {
+  using clock = pending_request::clock;
+
+ public:
+  /// The scheduler's peer number (its requests are not counted per server).
+  static constexpr int to_scheduler = -1;
+
+  /// Ids for n requests sent together (consecutive: one frame may answer them all).
+  std::uint64_t next_ids(std::size_t n = 1) noexcept {
+    const std::uint64_t first = next_id_;
+    next_id_ += n;
+    return first;
+  }
+
+  /// Request `id` to `peer` waits for its answer until its deadline: its own timeout, else
+  /// `default_timeout`, from `now`. Returns how many waited on that server before it.
+  std::size_t add(std::uint64_t id, int peer, pending_request&& r, clock::time_point now,
+                  std::chrono::milliseconds default_timeout) {
+    r.peer = peer;
+    r.timeout = r.timeout.count() ? r.timeout : default_timeout;
+    r.deadline = now + r.timeout;
+    waiting_.emplace(id, std::move(r));
+    if (peer < 0) return 0;
+    if (static_cast<std::size_t>(peer) >= per_server_.size())
+      per_server_.resize(static_cast<std::size_t>(peer) + 1, 0);
+    return per_server_[static_cast<std::size_t>(peer)]++;
+  }
+
+  /// Requests waiting on server `peer`.
+  std::size_t in_flight(int peer) const noexcept {
+    return peer >= 0 && static_cast<std::size_t>(peer) < per_server_.size()
+               ? per_server_[static_cast<std::size_t>(peer)]
+               : 0;
+  }
+  std::size_t size() const noexcept { return waiting_.size(); }
+
+  /// The request still waiting under `id`, or nullptr (answered, failed, or never sent).
+  pending_request* find(std::uint64_t id) {
+    auto it = waiting_.find(id);
+    return it == waiting_.end() ? nullptr : &it->second;
+  }
+
+  /// Removes and returns request `id`, if it still waits.
+  std::optional<pending_request> take(std::uint64_t id) {
+    auto it = waiting_.find(id);
+    if (it == waiting_.end()) return std::nullopt;
+    pending_request r = std::move(it->second);
+    erase(it);
+    return r;
+  }
+
+  /// Removes and returns those of requests [first, first + n) that still wait (one answer to
+  /// fused pushes; some may have failed at their deadline). Ids never sent are a peer out of
+  /// its mind: a protocol error. The work is bounded by the requests waiting, whatever n says.
+  std::vector<pending_request> take_run(std::uint64_t first, std::uint64_t n) {
+    if (first == 0 || first > next_id_ || n > next_id_ - first)
+      throw error(errc::protocol,
+                  "an answer to " + std::to_string(n) + " requests, some of them never sent");
+    if (n > waiting_.size())
+      return take_if([&](std::uint64_t id, const pending_request&) { return id - first < n; });
+    std::vector<pending_request> out;
+    out.reserve(static_cast<std::size_t>(n));
+    for (std::uint64_t i = 0; i < n; ++i)
+      if (auto it = waiting_.find(first + i); it != waiting_.end()) {
+        out.push_back(std::move(it->second));
+        erase(it);
+      }
+    return out;
+  }
+
+  /// Removes and returns the requests whose deadline passed by `now`.
+  std::vector<pending_request> take_expired(clock::time_point now) {
+    return take_if([now](std::uint64_t, const pending_request& r) { return r.deadline <= now; });
+  }
+
+  /// Removes and returns the requests waiting on `peer`.
+  std::vector<pending_request> take_peer(int peer) {
+    return take_if([peer](std::uint64_t, const pending_request& r) { return r.peer == peer; });
+  }
+
+  /// Removes and returns every request.
+  std::vector<pending_request> take_all() {
+    return take_if([](std::uint64_t, const pending_request&) { return true; });
+  }
+
+  /// The frames kept for a re-send of the requests waiting on `peer`, oldest first.
+  std::vector<std::pair<std::uint64_t, std::vector<transport::out_frame>>> frames_of(int peer) {
+    std::vector<std::pair<std::uint64_t, std::vector<transport::out_frame>>> out;
+    for (auto& [id, r] : waiting_)
+      if (r.peer == peer) out.emplace_back(id, r.frames);
+    std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    return out;
+  }
+
+ private:
+  using map = std::unordered_map<std::uint64_t, pending_request>;
+
+  template <class Pred>
+  std::vector<pending_request> take_if(Pred pred) {
+    std::vector<pending_request> out;
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (pred(it->first, it->second)) {
+        out.push_back(std::move(it->second));
+        it = erase(it);
+      } else {
+        ++it;
+      }
+    }
+    return out;
+  }
+
+  // Removes a request, keeping its server's count.
+  map::iterator erase(map::iterator it) {
+    const int peer = it->second.peer;
+    if (peer >= 0 && static_cast<std::size_t>(peer) < per_server_.size() &&
+        per_server_[static_cast<std::size_t>(peer)])
+      --per_server_[static_cast<std::size_t>(peer)];
+    return waiting_.erase(it);
+  }
+
+  map waiting_;
+  std::vector<std::size_t> per_server_;  // requests in waiting_ per server
+  std::uint64_t next_id_ = 1;
+};
+
+}  // namespace kvstore::detail

@@ -1,0 +1,101 @@
+// client/pending.hpp: a worker's table of requests waiting for answers: ids, per-server counts
+// (what decides a direct write), deadlines, runs answered at once, and re-sends in id order.
+#include <kvstore/client/pending.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+using kvstore::detail::pending_request;
+using kvstore::detail::request_table;
+using namespace std::chrono_literals;
+
+namespace {
+
+pending_request req(std::chrono::milliseconds timeout = 0ms) {
+  pending_request r;
+  r.done = std::make_shared<kvstore::detail::op_state>(1);
+  r.timeout = timeout;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("request_table: ids, per-server counts, take" * doctest::timeout(30)) {
+  request_table t;
+  const auto now = std::chrono::steady_clock::now();
+  const auto a = t.next_ids(), b = t.next_ids(), c = t.next_ids();
+  CHECK(b == a + 1);
+  CHECK(c == b + 1);
+  CHECK(t.add(a, 0, req(), now, 1000ms) == 0);  // nothing waited on server 0 before
+  CHECK(t.add(b, 0, req(), now, 1000ms) == 1);
+  CHECK(t.add(c, request_table::to_scheduler, req(), now, 1000ms) == 0);
+  CHECK(t.in_flight(0) == 2);
+  CHECK(t.in_flight(1) == 0);
+  CHECK(t.size() == 3);
+  REQUIRE(t.find(b) != nullptr);
+  CHECK(t.find(b)->peer == 0);
+  CHECK(t.find(b)->deadline == now + 1000ms);  // the default timeout
+  auto got = t.take(a);
+  REQUIRE(got);
+  CHECK(got->peer == 0);
+  CHECK(!t.take(a));  // answered once
+  CHECK(t.find(a) == nullptr);
+  CHECK(t.in_flight(0) == 1);
+  CHECK(t.take_all().size() == 2);
+  CHECK(t.in_flight(0) == 0);
+  CHECK(t.size() == 0);
+}
+
+TEST_CASE("request_table: a run of fused pushes answered at once" * doctest::timeout(30)) {
+  request_table t;
+  const auto now = std::chrono::steady_clock::now();
+  const auto first = t.next_ids(4);
+  for (std::uint64_t i = 0; i < 4; ++i) t.add(first + i, 1, req(), now, 1000ms);
+  CHECK(t.take(first + 2));                 // failed earlier (its deadline): skipped by the run
+  CHECK(t.take_run(first, 4).size() == 3);  // more than wait now: found by a walk of the table
+  CHECK(t.in_flight(1) == 0);
+  const auto second = t.next_ids(3);
+  for (std::uint64_t i = 0; i < 3; ++i) t.add(second + i, 1, req(), now, 1000ms);
+  const auto other = t.next_ids();
+  t.add(other, 2, req(), now, 1000ms);
+  CHECK(t.take_run(second, 2).size() == 2);  // fewer than wait: looked up one by one
+  CHECK(t.size() == 2);
+  // Ids never sent are a protocol error, and take nothing.
+  CHECK_THROWS_AS(t.take_run(second, 5), kvstore::error);
+  CHECK_THROWS_AS(t.take_run(~std::uint64_t{0}, 1), kvstore::error);
+  CHECK_THROWS_AS(t.take_run(0, 1), kvstore::error);
+  CHECK_THROWS_AS(t.take_run(1, ~std::uint64_t{0}), kvstore::error);
+  CHECK(t.size() == 2);
+  CHECK(t.take_run(second + 2, 2).size() == 2);  // the rest, up to the last id sent
+}
+
+TEST_CASE("request_table: deadlines, a lost peer, re-sends oldest first" * doctest::timeout(30)) {
+  request_table t;
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<std::uint64_t> ids;
+  for (int i = 0; i < 6; ++i) {
+    ids.push_back(t.next_ids());
+    auto r = req(i % 2 ? 10ms : 0ms);  // odd ones have their own, shorter timeout
+    r.frames.resize(static_cast<std::size_t>(i + 1));
+    t.add(ids.back(), i % 3, std::move(r), now, 1000ms);
+  }
+  auto expired = t.take_expired(now + 20ms);
+  CHECK(expired.size() == 3);
+  for (auto& r : expired) CHECK(r.timeout == 10ms);
+  CHECK(t.take_expired(now + 20ms).empty());
+  // Left: ids[0] (peer 0), ids[2] (peer 2), ids[4] (peer 1).
+  auto again = t.frames_of(2);
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].first == ids[2]);
+  CHECK(again[0].second.size() == 3);
+  CHECK(t.size() == 3);  // frames_of copies, takes nothing
+  CHECK(t.take_peer(0).size() == 1);
+  CHECK(t.in_flight(0) == 0);
+  CHECK(t.in_flight(1) == 1);
+  CHECK(t.in_flight(2) == 1);
+}
