@@ -22,6 +22,7 @@
 #include <kvstore/optim/all.hpp>
 #include <kvstore/server/apply_pool.hpp>
 #include <kvstore/server/batch.hpp>
+#include <kvstore/server/deferred_answers.hpp>
 #include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/parked.hpp>
 #include <kvstore/server/slice.hpp>
@@ -698,11 +699,7 @@ class shard {
   }
 
   void changed(bool important = false) {
-    if (batching_) {
-      ++deferred_.changes;
-      deferred_.important = deferred_.important || important;
-      return;
-    }
+    if (deferred_.active()) return deferred_.change(important);
     if (on_change_) on_change_(important, 1);
   }
 
@@ -721,69 +718,23 @@ class shard {
   }
   void answer(const Port& to, std::uint64_t req_id, errc status, std::string msg,
               bool each = false) {
-    if (batching_)
-      deferred_.answers.push_back({{to, req_id, no_batch, each}, status, std::move(msg)});
-    else
-      to.reply(req_id, status, std::move(msg));
-  }
-
-  // The answers deferred while a batched frame was served. Ok answers of flag_each keys (fused
-  // pushes) are gathered per peer into runs of consecutive request ids, each sent as one
-  // response (flag_each, aux: how many) after the others; a round that completes for several
-  // workers answers them key by key, interleaved, so runs are kept per peer, not by position.
-  void send_deferred_answers() {
-    struct run {
-      Port port;
-      std::uint64_t first, n;
-    };
-    std::vector<run> runs;
-    std::vector<std::size_t> latest;  // per peer seen, the index of its latest run
-    for (auto& x : deferred_.answers) {
-      if (!x.to.each || x.status != errc::ok) {
-        x.to.port.reply(x.to.req_id, x.status, std::move(x.message));
-        continue;
-      }
-      std::size_t* peer = nullptr;
-      for (auto& l : latest)
-        if (runs[l].port.same_peer(x.to.port)) peer = &l;
-      if (peer && runs[*peer].first + runs[*peer].n == x.to.req_id) {
-        ++runs[*peer].n;
-        continue;
-      }
-      runs.push_back({x.to.port, x.to.req_id, 1});
-      if (peer)
-        *peer = runs.size() - 1;
-      else
-        latest.push_back(runs.size() - 1);
-    }
-    deferred_.answers.clear();
-    for (auto& r : runs) {
-      if (r.n == 1) {
-        r.port.reply(r.first, errc::ok, {});
-        continue;
-      }
-      wire::header h;
-      h.command = wire::cmd::response;
-      h.req_id = r.first;
-      h.aux = r.n;
-      h.flags = wire::flag_each;
-      r.port.send(h, {}, {});
-    }
+    if (deferred_.active())
+      return deferred_.answer({to, req_id, no_batch, each}, status, std::move(msg));
+    to.reply(req_id, status, std::move(msg));
   }
   friend class batch_waits<Port>;  // answers through answer()
 
-  // Serving a batched frame: changes, answers and held pulls released wait for end_batch().
-  void begin_batch() { batching_ = true; }
+  // Serving a batched frame: changes, answers and held pulls released wait for end_batch()
+  // (server/deferred_answers.hpp).
+  void begin_batch() { deferred_.begin(); }
   void end_batch() {
-    batching_ = false;
-    if ((deferred_.changes || deferred_.important) && on_change_)
-      on_change_(deferred_.important, deferred_.changes);
-    deferred_.changes = 0;
-    deferred_.important = false;
-    send_deferred_answers();
-    for (auto k : deferred_.held)
-      if (auto it = slices_.find(k); it != slices_.end()) release_held(it->second);
-    deferred_.held.clear();
+    deferred_.end(
+        [&](bool important, std::uint64_t changes) {
+          if (on_change_) on_change_(important, changes);
+        },
+        [&](std::uint64_t k) {
+          if (auto it = slices_.find(k); it != slices_.end()) release_held(it->second);
+        });
   }
 
   int active_workers() const {
@@ -1142,7 +1093,7 @@ class shard {
   // Answers the held pulls of `s` that may be answered now.
   void release_held(const slice& s) {
     if (held_.empty()) return;
-    if (batching_) return deferred_.held.push_back(s.key);
+    if (deferred_.active()) return deferred_.held(s.key);
     for (auto& p : held_.take_ready(
              s.key, [&](const held_pull<Port>& q) { return may_answer(q.rank, s, q.h.aux); }))
       answer_held(p, s);
@@ -1275,18 +1226,7 @@ class shard {
   batch_waits<Port> waits_;           // batched requests waiting for their keys
   std::uint64_t batch_stamp_ = 0;     // numbers batched frames (key_slice::batch_stamp)
   std::vector<slice*> batch_slices_;  // a frame's slices, found before anything changes
-  bool batching_ = false;             // serving a batched frame: see begin_batch()
-  struct deferred_answer {
-    reply_to<Port> to;
-    errc status;
-    std::string message;
-  };
-  struct {
-    std::uint64_t changes = 0;
-    bool important = false;
-    std::vector<deferred_answer> answers;
-    std::vector<std::uint64_t> held;  // keys whose held pulls may be answered
-  } deferred_;
+  deferred_answers<Port> deferred_;   // while a batched frame is served: see begin_batch()
 };
 
 }  // namespace kvstore::detail

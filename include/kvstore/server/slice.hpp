@@ -44,7 +44,7 @@ struct reply_to {
   std::uint64_t req_id = 0;
   std::uint32_t batch = no_batch;
   /// A key of a batch_push flagged flag_each: consecutive ok answers of such keys to one peer
-  /// go out as one response (flag_each, aux = how many; shard::end_batch).
+  /// go out as one response (flag_each, aux = how many; server/deferred_answers.hpp).
   bool each = false;
 };
 
