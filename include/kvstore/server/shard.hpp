@@ -2,8 +2,8 @@
 // (server/slice.hpp). It takes decoded requests (header, metadata, payload, and a `Port` to
 // answer), sums a sync round's pushes of all workers and applies the optimizer once, applies
 // async pushes as they come, answers pulls (queued until their round completes), and moves
-// optimizer states in and out. The node loop (server/server.hpp) feeds it frames and membership;
-// the unit tests (tests/unit/test_shard.cpp) feed it by hand.
+// optimizer states in and out (their bytes: server/states.hpp). The node loop (server/server.hpp)
+// feeds it frames and membership; the unit tests (tests/unit/test_shard.cpp) feed it by hand.
 //
 // A Port is a copyable handle to the peer that asked; it may be gone by the time a queued answer
 // is sent, and then drops it:
@@ -26,6 +26,7 @@
 #include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/parked.hpp>
 #include <kvstore/server/slice.hpp>
+#include <kvstore/server/states.hpp>
 #include <kvstore/wire/encoding.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -509,26 +510,7 @@ class shard {
   /// The shard's optimizer states (wire::decode_states' format) in one response, aux = entries.
   void save_states(const Port& from, const wire::header& h) {
     auto out = std::make_shared<bytes>();
-    std::uint64_t count = 0;
-    for (auto& entry : slices_) {
-      // Named, not structured bindings: clang 14 cannot capture those in the lambda below.
-      const std::uint64_t k = entry.first;
-      auto& s = entry.second;
-      if (!s.inited) continue;
-      with_dtype(s.type, [&]<class T>() {
-        auto& st = s.template state<T>();
-        if (st.slots.empty() && st.step == 0) return;
-        const auto head = wire::encode_state_head(k, s.type, s.lo, s.hi, s.total, st.step,
-                                                  static_cast<std::uint32_t>(st.slots.size()));
-        auto* p = reinterpret_cast<const std::byte*>(head.data());
-        out->insert(out->end(), p, p + head.size());
-        for (auto& sl : st.slots) {
-          auto* q = reinterpret_cast<const std::byte*>(sl.data());
-          out->insert(out->end(), q, q + sl.size() * sizeof(T));
-        }
-        ++count;
-      });
-    }
+    const std::uint64_t count = encode_states(slices_, *out);
     wire::header f;
     f.command = wire::cmd::response;
     f.req_id = h.req_id;
@@ -546,45 +528,7 @@ class shard {
       throw error(errc::invalid_argument, "the optimizer states were saved for optimizer \"" +
                                               std::string(meta.substr(0, 64)) + "\", " + who_ +
                                               " runs \"" + opt_name_ + "\"");
-    struct staged {
-      slice* s;
-      optim::state<float> f;
-      optim::state<double> d;
-    };
-    std::vector<staged> all;
-    for (const auto& e :
-         wire::decode_states({reinterpret_cast<const char*>(payload.data()), payload.size()})) {
-      auto it = slices_.find(e.key);
-      if (it == slices_.end() || !it->second.inited)
-        throw error(errc::unknown_key,
-                    "optimizer states name key " + key_str(e.key) + ", unknown on " + who_);
-      slice& s = it->second;
-      if (s.type != e.type || s.lo != e.lo || s.hi != e.hi || s.total != e.total ||
-          e.nslots > optim::max_slots)
-        throw error(errc::size_mismatch, "optimizer states of key " + key_str(e.key) +
-                                             " do not match its slice on " + who_);
-      staged st{&s, {}, {}};
-      with_dtype(e.type, [&]<class T>() {
-        optim::state<T>& dst = [&]() -> optim::state<T>& {
-          if constexpr (std::is_same_v<T, float>)
-            return st.f;
-          else
-            return st.d;
-        }();
-        dst.step = e.step;
-        dst.slots.resize(e.nslots);
-        for (std::uint32_t i = 0; i < e.nslots; ++i) {
-          auto raw = e.slot(i);
-          dst.slots[i].resize(e.hi - e.lo);
-          std::memcpy(dst.slots[i].data(), raw.data(), raw.size());
-        }
-      });
-      all.push_back(std::move(st));
-    }
-    for (auto& st : all) {
-      st.s->st_f = std::move(st.f);
-      st.s->st_d = std::move(st.d);
-    }
+    replace_states(slices_, payload, who_);
     from.reply(h.req_id, errc::ok, {});
   }
 
@@ -674,10 +618,7 @@ class shard {
     opt_params_ = opt_params;
   }
 
-  static std::string key_str(std::uint64_t k) {
-    return (k >> 63) ? "(named key id " + std::to_string(k) + ")"
-                     : std::to_string(static_cast<std::int64_t>(k));
-  }
+  static std::string key_str(std::uint64_t k) { return detail::key_str(k); }
 
  private:
   // A new slice of `bytes` must fit the key count and byte bounds, so a peer's inits cannot grow

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -31,6 +32,12 @@ using bytes = std::vector<std::byte>;
 /// What one key costs a server beyond its value (its slice record, map node, round state), as
 /// max_total_bytes counts it.
 inline constexpr std::uint64_t key_overhead_bytes = 256;
+
+/// A key as a server's errors name it: its id, or for a named key (top bit set) what it is.
+inline std::string key_str(std::uint64_t k) {
+  return (k >> 63) ? "(named key id " + std::to_string(k) + ")"
+                   : std::to_string(static_cast<std::int64_t>(k));
+}
 
 /// No batched request (server/batch.hpp).
 inline constexpr std::uint32_t no_batch = ~std::uint32_t{0};
