@@ -94,3 +94,56 @@ TEST_CASE("send_queue: a popped frame lets go of its payload; storage stays boun
   CHECK(payload.use_count() == 1);
   CHECK(q.empty());
 }
+
+namespace {
+
+out_frame acks(std::uint64_t first, std::uint64_t n, std::int32_t sender = 3) {
+  out_frame f;
+  f.h = kvstore::wire::acks_header(first, n);
+  f.h.sender = sender;
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("send_queue: acks whose ids follow on merge into one answer" * doctest::timeout(60)) {
+  send_queue q;
+  CHECK(q.push(acks(10, 1)));
+  CHECK(!q.push(acks(11, 1)));  // merged: nothing more queued
+  CHECK(!q.push(acks(12, 3)));  // a run of its own continues it too
+  CHECK(q.size() == 1);
+  CHECK(q.front().h.req_id == 10);
+  CHECK(q.front().h.aux == 5);
+  CHECK(kvstore::wire::is_acks(q.front().h));
+
+  // Not merged: a gap in the ids, another sender, an error, a text, a frame between them.
+  CHECK(q.push(acks(16, 1)));
+  CHECK(q.push(acks(17, 1, /*sender=*/4)));
+  auto err = acks(18, 1, 4);
+  err.h.status = 7;
+  CHECK(q.push(std::move(err)));
+  auto text = acks(19, 1, 4);
+  text.meta = "why";
+  text.h.meta_len = 3;
+  CHECK(q.push(std::move(text)));
+  CHECK(q.push(frame(0, 99)));  // a response that is not an ack
+  CHECK(q.push(acks(20, 1, 4)));
+  CHECK(q.size() == 7);
+
+  // What the connection has taken to write no longer grows: the next ack starts a new frame.
+  while (q.size() > 1) q.pop();
+  q.pop();
+  CHECK(q.empty());
+  CHECK(q.push(acks(21, 1, 4)));
+  CHECK(q.size() == 1);
+
+  // Only within one priority, at the back of its run: a higher-priority frame in between does
+  // not split them, since it is sent first anyway.
+  auto high = frame(5, 100);
+  CHECK(q.push(std::move(high)));
+  CHECK(!q.push(acks(22, 1, 4)));
+  CHECK(q.size() == 2);
+  CHECK(q.front().h.req_id == 100);
+  q.pop();
+  CHECK(q.front().h.aux == 2);
+}

@@ -82,18 +82,7 @@ class deferred_answers {
         latest.push_back(runs.size() - 1);
     }
     answers_.clear();
-    for (auto& r : runs) {
-      if (r.n == 1) {
-        r.port.reply(r.first, errc::ok, {});
-        continue;
-      }
-      wire::header h;
-      h.command = wire::cmd::response;
-      h.req_id = r.first;
-      h.aux = r.n;
-      h.flags = wire::flag_each;
-      r.port.send(h, {}, {});
-    }
+    for (auto& r : runs) r.port.send(wire::acks_header(r.first, r.n), {}, {});
   }
 
   struct answer_t {

@@ -657,11 +657,18 @@ class shard {
     for (auto& w : waiters) release(w, status, msg);
     waiters.clear();
   }
+  // `each`: an answer to a push (or a fused push's key), which says nothing but "done" when ok.
   void answer(const Port& to, std::uint64_t req_id, errc status, std::string msg,
               bool each = false) {
     if (deferred_.active())
       return deferred_.answer({to, req_id, no_batch, each}, status, std::move(msg));
+    if (each && status == errc::ok) return ack(to, req_id);
     to.reply(req_id, status, std::move(msg));
+  }
+  // An ok answer to push `req_id`, as wire::acks_header: the connection merges it with the acks
+  // queued right before it, so many pushes in flight are answered by few frames.
+  static void ack(const Port& to, std::uint64_t req_id) {
+    to.send(wire::acks_header(req_id, 1), {}, {});
   }
   friend class batch_waits<Port>;  // answers through answer()
 
@@ -886,7 +893,7 @@ class shard {
   }
 
   void end_round_push(slice& s, int rank, const Port& from, const wire::header& h) {
-    end_round_push(s, rank, reply_to<Port>{from, h.req_id}, h.aux);
+    end_round_push(s, rank, reply_to<Port>{from, h.req_id, no_batch, /*each=*/true}, h.aux);
   }
   // Worker `rank`'s push number `seq` of the round is in: `to` is answered when the round
   // completes.
@@ -905,13 +912,13 @@ class shard {
     if (h.aux) s.applied.set(rank, h.aux);
     ++s.round;  // the slice's version in dist_async: pushes applied (exactly once each)
     changed();  // a snapshot due now is written before the answer: an answered push is kept
-    from.reply(h.req_id, errc::ok, {});
+    ack(from, h.req_id);
     release_held(s);
   }
 
   // A push re-sent after a restart that the snapshot already holds: answered, not applied twice.
   static void ack_duplicate(const Port& from, const wire::header& h) {
-    if (h.flags & wire::flag_last) from.reply(h.req_id, errc::ok, {});
+    if (h.flags & wire::flag_last) ack(from, h.req_id);
   }
 
   // Applies `n` elements at slice offset `rel`: stores them (no optimizer) or updates the

@@ -127,8 +127,8 @@ class connection : public std::enable_shared_from_this<connection> {
         writing_ = true;
         start = true;
       } else {
-        queued_bytes_ += frame_bytes(f);
-        queue_.push(std::move(f));
+        const std::size_t bytes = frame_bytes(f);
+        if (queue_.push(std::move(f))) queued_bytes_ += bytes;  // (else merged into an ack)
         if (!writing_ && authed_) {
           writing_ = true;
           start = true;

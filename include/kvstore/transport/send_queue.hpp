@@ -3,9 +3,14 @@
 // popping a frame moves it once, where a binary heap of whole frames moved each one log(n) times
 // (2.7% of a process pushing 1,000 keys in flight, issue 12). Most jobs use a handful of
 // priorities, often one.
+// A server's answers to pushes (wire::acks_header: ok, for requests first .. first + n - 1)
+// merge here: one queued right behind another whose ids it continues extends it instead of
+// queuing a frame. What the io thread has not written yet goes out as one answer, so a worker
+// with many pushes in flight reads and takes one frame for many (issue 12).
 #pragma once
 
 #include <kvstore/transport/out_frame.hpp>
+#include <kvstore/wire/frame.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -20,8 +25,10 @@ class send_queue {
   bool empty() const noexcept { return size_ == 0; }
   std::size_t size() const noexcept { return size_; }
 
-  /// Queues f behind every frame of its priority and every frame of a higher one.
-  void push(out_frame f) {
+  /// Queues f behind every frame of its priority and every frame of a higher one. Returns
+  /// false when f was merged into the frame before it (both acks whose ids follow on), so
+  /// nothing more waits.
+  bool push(out_frame f) {
     const std::int32_t p = f.h.priority;
     // The one run kept while the queue is empty takes whatever priority comes next.
     if (size_ == 0 && runs_.size() == 1) runs_.front().priority = p;
@@ -30,8 +37,10 @@ class send_queue {
     if (it == runs_.end() || it->priority != p) {
       it = runs_.insert(it, run{p, {}, 0});
     }
+    if (it->merges(f)) return false;
     it->push(std::move(f));
     ++size_;
+    return true;
   }
 
   /// The frame to write next (not empty()).
@@ -67,6 +76,17 @@ class send_queue {
     std::size_t head;
 
     bool empty() const noexcept { return head == frames.size(); }
+    // f continues the acks queued last: extend them (headers already checked by is_acks, with
+    // the payload and text sizes the connection set from the frame).
+    bool merges(const out_frame& f) noexcept {
+      if (empty() || !wire::is_acks(f.h) || f.keep) return false;
+      wire::header& last = frames.back().h;
+      if (!wire::is_acks(last) || last.sender != f.h.sender || frames.back().keep ||
+          last.req_id + last.aux != f.h.req_id || last.aux > ~std::uint64_t{0} - f.h.aux)
+        return false;
+      last.aux += f.h.aux;
+      return true;
+    }
     out_frame& front() noexcept { return frames[head]; }
     void push(out_frame f) {
       if (head != 0 && frames.size() == frames.capacity() && 2 * head >= frames.size()) {

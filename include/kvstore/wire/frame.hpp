@@ -84,7 +84,9 @@ enum flag : std::uint32_t {
   /// in elements from the first)
   flag_batch = 1u << 4,
   /// batch_push: each key answered on its own, key i (in the entries' order) by a response to
-  /// req_id + i, as its push would be (a worker's fused one-key pushes, client/fusion.hpp)
+  /// req_id + i, as its push would be (a worker's fused one-key pushes, client/fusion.hpp).
+  /// response: an ok answer to aux requests, ids req_id .. req_id + aux - 1, each of which needs
+  /// nothing but "done" (pushes; wire::acks_header)
   flag_each = 1u << 5,
 };
 
@@ -126,6 +128,24 @@ struct header {
   std::uint32_t status = 0;  ///< errc of a response
   std::uint64_t aux = 0;     ///< row length (init), round, or a command's second argument
 };
+
+/// An ok answer to the n requests with ids first .. first + n - 1, pushes all (a push needs
+/// nothing of its answer but that it is done): one response flagged flag_each, aux = n. Servers
+/// answer pushes so, and a connection merges adjacent ones into one frame
+/// (transport/send_queue.hpp): a worker with many pushes in flight takes one answer for many.
+inline header acks_header(std::uint64_t first, std::uint64_t n) noexcept {
+  header h;
+  h.command = cmd::response;
+  h.req_id = first;
+  h.aux = n;
+  h.flags = flag_each;
+  return h;
+}
+/// Whether `h` is such an answer (and nothing else: no status, text or payload).
+inline bool is_acks(const header& h) noexcept {
+  return h.command == cmd::response && h.flags == flag_each && h.status == 0 && h.meta_len == 0 &&
+         h.payload_len == 0 && h.aux != 0;
+}
 
 namespace detail {
 // Little-endian fields: a plain load or store where the machine is little-endian (byte loops are
