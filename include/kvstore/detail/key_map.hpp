@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -37,7 +38,10 @@ class key_map {
     using ref = std::conditional_t<Const, const value_type&, value_type&>;
     basic_iterator() = default;
     explicit basic_iterator(ptr p) : p_(p) {}
-    operator basic_iterator<true>() const { return basic_iterator<true>(p_); }  // NOLINT
+    // An iterator converts to a const_iterator (a constructor, not a conversion operator: in
+    // the const one an operator would convert to its own type, which nvcc warns of).
+    template <bool C = Const, std::enable_if_t<C, int> = 0>
+    basic_iterator(const basic_iterator<false>& o) : p_(o.p_) {}  // NOLINT: implicit
     ref operator*() const { return (*p_)->kv; }
     auto* operator->() const { return &(*p_)->kv; }
     basic_iterator& operator++() {
@@ -49,6 +53,7 @@ class key_map {
     }
 
    private:
+    friend class basic_iterator<!Const>;
     ptr p_ = nullptr;
   };
   using iterator = basic_iterator<false>;

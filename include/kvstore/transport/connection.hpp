@@ -275,7 +275,6 @@ class connection : public std::enable_shared_from_this<connection> {
     auto* sa = reinterpret_cast<sockaddr*>(&ss);
     const int fd = const_cast<tcp::socket&>(sock_).native_handle();
     if ((sec_.acceptor ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) return {};
-    boost::system::error_code ec;
     if (ss.ss_family == AF_INET) {
       auto* in = reinterpret_cast<sockaddr_in*>(&ss);
       asio::ip::address_v4 a(ntohl(in->sin_addr.s_addr));
