@@ -1,37 +1,8 @@
-// What each header field means for each command, and one constructor per request command, so a
-// field's meaning is written down once: here. Control payloads (the metadata) are encoded by
+// One constructor per request command: each sets the header fields its command uses, so a
+// field's meaning for a command is written in one place in the code. The table of those meanings,
+// command by command, is docs/DESIGN.md's "Wire format" (kept there, where it stays readable;
+// the copy that was here had fallen behind it). Control payloads (the metadata) are encoded by
 // wire/messages.hpp; tensor bytes travel raw as the payload.
-//
-// | command       | key              | offset             | total          | aux | flags | meta |
-// payload                | | ------------- | ---------------- | ------------------ | --------------
-// | ---------------------- | ------------------- | --------------------- | ---------------------- |
-// | hello         | -                | -                  | -              | sender's rank | - |
-// token proof           | -                      | | reg           | -                | - | - | -
-// | -                   | registration          | -                      | | address_book  | node
-// id given    | -                  | -              | rank given             | - | address book | -
-// | | barrier       | -                | -                  | -              | - | - | - | - | |
-// dead_count    | node groups      | -                  | timeout (ms)   | answer: the count      |
-// -                   | -                     | -                      | | node_dead     | dead
-// node's id   | -                  | -              | -                      | - | why | - | | init
-// | key id           | first element sent | key's elements | row length (0: vector) | last,
-// has_data      | init_meta (slice)     | rank 0's values        | | push          | key id | first
-// element      | key's elements | push number (1, 2, ..) | last                | - | values | |
-// pull          | key id           | slice's first elem | key's elements | -                      |
-// -                   | -                     | -                      | | data          | key id
-// | first element      | -              | -                      | last, rows          | - | values
-// | | push_rows     | key id           | -                  | key's elements | push number | last
-// | row ids (int64)       | the rows' values       | | pull_rows     | key id           | - | key's
-// elements | -                      | -                   | row ids (int64)       | - | |
-// set_optimizer | -                | -                  | -              | -                      |
-// -                   | optimizer_spec        | -                      | | command       | head | -
-// | -              | -                      | -                   | body                  | - | |
-// save_states   | -                | -                  | -              | -                      |
-// -                   | -                     | answer: state entries  | | load_states   | - | - |
-// -              | -                      | -                   | -                     | state
-// entries          | | response      | -                | -                  | -              | per
-// request (above)    | -                   | error text if status  | per request (above)    | |
-// bye, leave, checkpoint, heartbeat, shutdown, challenge, auth: header only, or the handshake's
-// meta. |
 //
 // Every frame carries req_id (answers repeat it), priority (the sender's send order), sender (its
 // node id), type (element type of a payload) and status (errc of a response).
