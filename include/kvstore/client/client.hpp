@@ -39,7 +39,7 @@ class worker_client final : public transport::frame_handler {
   using clock = std::chrono::steady_clock;
 
  public:
-  static constexpr int to_scheduler = -1;
+  static constexpr int to_scheduler = request_table::to_scheduler;
 
   /// One request (client/pending.hpp).
   using request = pending_request;

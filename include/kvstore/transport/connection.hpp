@@ -590,7 +590,7 @@ class connection : public std::enable_shared_from_this<connection> {
              (inflight_.empty() || bytes < gather_bytes_)) {
         inflight_.push_back(std::move(queue_.front()));
         queue_.pop();
-        bytes += inflight_.back().payload_len + inflight_.back().meta.size() + wire::header_size;
+        bytes += frame_bytes(inflight_.back());
       }
     }
     hdrs_.resize(inflight_.size());
