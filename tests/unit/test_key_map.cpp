@@ -104,10 +104,25 @@ TEST_CASE("key_map: values never move, iteration visits each once, erase keeps t
   }
   CHECK(visited.size() == m.size());
   CHECK(m.size() == 5000 - 1667);
+  // find_value: the value itself, where find() gives an iterator to it; nullptr once erased.
+  for (std::uint64_t i = 0; i < 5000; ++i) {
+    std::string* v = m.find_value(i * 7);
+    if (i % 3 == 0) {
+      REQUIRE(v == nullptr);
+    } else {
+      REQUIRE(v == where[i]);
+      REQUIRE(v == &m.find(i * 7)->second);
+    }
+  }
+  CHECK(m.find_value(15) == nullptr);
   m[3] = "three";
   CHECK(m.at(3) == "three");
   const auto& cm = m;
   CHECK(cm.find(3)->second == "three");
+  const std::string* c3 = cm.find_value(3);
+  REQUIRE(c3 != nullptr);
+  CHECK(*c3 == "three");
+  CHECK(cm.find_value(4) == nullptr);
   m.clear();
   CHECK(m.empty());
   CHECK(m.begin() == m.end());

@@ -77,6 +77,17 @@ class key_map {
     return n ? const_iterator(nodes_.data() + n->pos) : end();
   }
   std::size_t count(std::uint64_t id) const noexcept { return index_.find(id) ? 1 : 0; }
+  /// The value of `id`, or nullptr. Cheaper than find(): an iterator points into the list of
+  /// nodes, which a lookup reaches only through the node's position, two more cache misses per
+  /// key over many keys than the value itself.
+  V* find_value(std::uint64_t id) noexcept {
+    node* n = index_.find(id);
+    return n ? &n->kv.second : nullptr;
+  }
+  const V* find_value(std::uint64_t id) const noexcept {
+    const node* n = index_.find(id);
+    return n ? &n->kv.second : nullptr;
+  }
   V& at(std::uint64_t id) {
     node* n = index_.find(id);
     if (!n) throw std::out_of_range("key_map::at: no such id");

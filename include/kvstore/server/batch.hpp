@@ -129,13 +129,13 @@ struct batch_ops {
                                                 " elements (row length " + std::to_string(rl) +
                                                 ") that cannot be a slice here (max_key_bytes " +
                                                 std::to_string(sh.cfg_.max_key_bytes) + ")");
-      auto it = sh.slices_.find(e.key);
-      if (it == sh.slices_.end()) {
+      slice* existing = sh.slices_.find_value(e.key);
+      if (!existing) {
         ++new_keys;
         new_bytes += n * elem + key_overhead_bytes;
         continue;
       }
-      slice& s = it->second;
+      slice& s = *existing;
       named_once(s, stamp);
       if (s.type != h.type || s.total != n || s.lo != 0 || s.hi != n || s.row_length != rl)
         throw error(errc::size_mismatch, "key " + shard_t::key_str(e.key) + ": init with " +

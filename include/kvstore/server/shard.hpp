@@ -110,15 +110,15 @@ class shard {
         return {};
       case wire::cmd::push:
       case wire::cmd::push_rows: {
-        auto it = slices_.find(h.key);
-        if (it == slices_.end() || it->second.type != h.type) {
+        slice* s = slices_.find_value(h.key);
+        if (!s || s->type != h.type) {
           too_big(0);  // never inited here: no payload is acceptable
           return {};
         }
         if (h.command == wire::cmd::push && wire::encoding_bits(h.flags))
-          return encoded_sink(h, it->second);
-        too_big(it->second.size() * it->second.elem());
-        if (h.command == wire::cmd::push) return direct_sink(rank, h, it->second);
+          return encoded_sink(h, *s);
+        too_big(s->size() * s->elem());
+        if (h.command == wire::cmd::push) return direct_sink(rank, h, *s);
         return {};
       }
       case wire::cmd::load_states:
@@ -681,7 +681,7 @@ class shard {
           if (on_change_) on_change_(important, changes);
         },
         [&](std::uint64_t k) {
-          if (auto it = slices_.find(k); it != slices_.end()) release_held(it->second);
+          if (slice* s = slices_.find_value(k)) release_held(*s);
         });
   }
 
@@ -755,10 +755,10 @@ class shard {
   slice& find(const wire::header& h) { return find(h.key, h.type, h.total); }
   // The slice of `key`, inited, of element type `type`, of a key of `total` elements.
   slice& find(std::uint64_t key, wire::dtype type, std::uint64_t total) {
-    auto it = slices_.find(key);
-    if (it == slices_.end() || !it->second.inited)
+    slice* found = slices_.find_value(key);
+    if (!found || !found->inited)
       throw error(errc::unknown_key, "key " + key_str(key) + " was never inited on " + who_);
-    slice& s = it->second;
+    slice& s = *found;
     if (type != s.type)
       throw error(errc::invalid_argument,
                   "key " + key_str(key) + ": element type differs from its init");
@@ -1049,7 +1049,7 @@ class shard {
 
   void release_all_held() {
     for (auto k : held_.keys())
-      if (auto it = slices_.find(k); it != slices_.end()) release_held(it->second);
+      if (slice* s = slices_.find_value(k)) release_held(*s);
   }
 
   // A worker died without leaving the group: in dist_sync no round completes any more, so a
@@ -1105,9 +1105,9 @@ class shard {
   // after the round, in the order they came.
   bool parks(int rank, const wire::header& h) const {
     if (!cfg_.sync || serving_parked_) return false;
-    auto it = slices_.find(h.key);
-    if (it == slices_.end()) return false;  // unknown here: refused as usual
-    return it->second.round_done.count(rank) || parked_.has(h.key, rank);
+    const slice* s = slices_.find_value(h.key);
+    if (!s) return false;  // unknown here: refused as usual
+    return s->round_done.count(rank) || parked_.has(h.key, rank);
   }
 
   void park(int rank, const Port& from, const wire::header& h, std::string_view meta,
