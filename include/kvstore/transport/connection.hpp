@@ -3,11 +3,15 @@
 // queue (transport/send_queue.hpp: priority desc, then order queued) whose frames are written
 // with scatter/gather straight from the caller's buffers. All socket work happens on the
 // connection's executor (one io thread per process); send() may be called from any thread.
+// Before any of that, TLS (when on) and the token handshake, whose rules are
+// transport/handshake.hpp's: this file only reads and writes its frames.
 #pragma once
 
 #include <kvstore/detail/log.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/transport/auth.hpp>
+#include <kvstore/transport/endpoint.hpp>
+#include <kvstore/transport/handshake.hpp>
 #include <kvstore/transport/out_frame.hpp>
 #include <kvstore/transport/security.hpp>
 #include <kvstore/transport/send_queue.hpp>
@@ -16,14 +20,13 @@
 
 #include <boost/asio.hpp>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <cerrno>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -32,7 +35,6 @@
 #include <iostream>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -80,15 +82,11 @@ class connection : public std::enable_shared_from_this<connection> {
         handler_(&handler),
         limits_(lim),
         sec_(std::move(sec)),
-        gather_bytes_(gather_bytes) {
+        gather_bytes_(gather_bytes),
+        remote_(remote_address(sock_)),
+        hs_(sec_, remote_) {
     boost::system::error_code ec;
     sock_.set_option(tcp::no_delay(true), ec);
-    try {
-      remote_ = sock_.remote_endpoint().address().to_string() + ":" +
-                std::to_string(sock_.remote_endpoint().port());
-    } catch (...) {
-      remote_ = "?";
-    }
     rbuf_.resize(handshake_buffer_size);  // 64 KiB once the peer is proven
   }
 
@@ -170,7 +168,7 @@ class connection : public std::enable_shared_from_this<connection> {
 
   /// What identifies this authenticated connection on both ends (the handshake's nonces): a
   /// proof bound to it cannot be replayed on another connection. Empty before the handshake.
-  const std::string& binding() const noexcept { return binding_; }
+  const std::string& binding() const noexcept { return hs_.binding(); }
 
   /// Bytes of frames queued and not yet taken by the socket.
   std::size_t queued_bytes() const noexcept { return queued_bytes_.load(); }
@@ -220,16 +218,12 @@ class connection : public std::enable_shared_from_this<connection> {
 
   void begin_token() {
     if (closed_flag_) return;
+    // Until the peer is proven: small frames without payload, within the deadline.
     full_limits_ = limits_;
     limits_.max_payload = 0;
-    if (sec_.acceptor) {
-      // Until the proof arrives: one small frame at most, within the deadline.
-      limits_.max_meta = auth_size;
-      challenge_ = {make_nonce(), sec_.self};
-      send_handshake(wire::cmd::challenge, encode_challenge(challenge_), {});
-    } else {
-      limits_.max_meta = std::max(challenge_size, proof_size);
-    }
+    limits_.max_meta = hs_.max_meta();
+    const auto first = hs_.start();
+    if (first.send) send_handshake(first.cmd, first.meta, {});
     arm_timer(sec_.handshake_timeout, true);
     read_more();
   }
@@ -268,79 +262,23 @@ class connection : public std::enable_shared_from_this<connection> {
     });
   }
 
-  // The connector's address as this end sees it ("ip:port"; "" for a socket without one).
-  std::string connector_address() const {
-    sockaddr_storage ss{};
-    socklen_t len = sizeof ss;
-    auto* sa = reinterpret_cast<sockaddr*>(&ss);
-    const int fd = const_cast<tcp::socket&>(sock_).native_handle();
-    if ((sec_.acceptor ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) return {};
-    if (ss.ss_family == AF_INET) {
-      auto* in = reinterpret_cast<sockaddr_in*>(&ss);
-      asio::ip::address_v4 a(ntohl(in->sin_addr.s_addr));
-      return a.to_string() + ":" + std::to_string(ntohs(in->sin_port));
-    }
-    if (ss.ss_family == AF_INET6) {
-      auto* in = reinterpret_cast<sockaddr_in6*>(&ss);
-      asio::ip::address_v6::bytes_type bytes;
-      std::memcpy(bytes.data(), &in->sin6_addr, bytes.size());
-      asio::ip::address_v6 a(bytes);
-      const std::string host = a.is_v4_mapped()
-                                   ? asio::ip::make_address_v4(asio::ip::v4_mapped, a).to_string()
-                                   : a.to_string();
-      return host + ":" + std::to_string(ntohs(in->sin6_port));
-    }
-    return {};
-  }
-
-  // The handshake's frames (see transport/auth.hpp for the exchange and what it proves).
+  // A frame of the handshake: the step transport/handshake.hpp decides, carried out.
   void handshake(const wire::header& h, const std::string& meta) {
-    if (sec_.acceptor) {
-      if (h.command != wire::cmd::auth) return fail("unauthenticated frame before the token proof");
-      const auto a = decode_auth(meta);
-      if (!a) return fail("malformed authentication frame");
-      if (sec_.bind_address && !a->bind_address)
-        return refuse("the peer's proof does not cover its address (KVSTORE_AUTH_BIND_ADDRESS)");
-      const std::string t = transcript(challenge_, *a, connector_address());
-      if (!same_proof(connector_proof(sec_.token, t), a->proof))
-        return refuse("authentication failed (wrong token, or a proof relayed from elsewhere)");
-      binding_ = challenge_.nonce + a->nonce;
-      peer_role_ = a->connector;
+    auto step = hs_.on_frame(h, meta, connector_address(sock_, sec_.acceptor));
+    if (!step.refuse.empty()) return refuse(step.refuse);
+    if (!step.fail.empty()) return fail(step.fail);
+    if (step.proven) {
+      peer_role_ = hs_.peer_role();
       peer_proven();
-      // Our proof goes out before any frame of ours.
-      send_handshake(wire::cmd::auth, acceptor_proof(sec_.token, t),
-                     [self = shared_from_this()] { self->writes_open(); });
+    }
+    if (!step.send) {
+      if (step.proven) writes_open();
       return;
     }
-    if (!answer_) {
-      if (h.command == wire::cmd::response &&
-          h.status == static_cast<std::uint32_t>(errc::auth_failed))
-        return fail("the peer refused this node's token (KVSTORE_TOKEN differs)");
-      const auto c = h.command == wire::cmd::challenge ? decode_challenge(meta) : std::nullopt;
-      if (!c) return fail("expected the peer's challenge first");
-      if (sec_.expect_peer && c->acceptor != *sec_.expect_peer)
-        return fail(std::string("the peer says it is a ") + detail::role_name(c->acceptor) +
-                    ", not the " + detail::role_name(*sec_.expect_peer) + " this node dialed");
-      challenge_ = *c;
-      answer_ = answer_challenge(sec_.token, *c, sec_.self, sec_.bind_address, connector_address());
-      send_handshake(wire::cmd::auth, encode_auth(*answer_), {});
-      return;
-    }
-    // The acceptor's proof: until it checks out, nothing of this node's is sent.
-    if (h.command == wire::cmd::response &&
-        h.status == static_cast<std::uint32_t>(errc::auth_failed))
-      return fail("the peer refused this node's token (KVSTORE_TOKEN differs)");
-    if (h.command != wire::cmd::auth ||
-        !same_proof(
-            acceptor_proof(sec_.token, transcript(challenge_, *answer_, connector_address())),
-            meta))
-      return fail(std::string("the ") + detail::role_name(challenge_.acceptor) + " at " + remote_ +
-                  " could not prove the token: not a node of this job (KVSTORE_TOKEN differs, "
-                  "or something else answers there)");
-    binding_ = challenge_.nonce + answer_->nonce;
-    peer_role_ = challenge_.acceptor;
-    peer_proven();
-    writes_open();
+    // A proof of ours goes out before any frame of ours.
+    std::function<void()> then;
+    if (step.proven) then = [self = shared_from_this()] { self->writes_open(); };
+    send_handshake(step.cmd, std::move(step.meta), std::move(then));
   }
 
   // The peer proved the token: full limits and buffer, the idle deadline, the owner told.
@@ -653,17 +591,15 @@ class connection : public std::enable_shared_from_this<connection> {
   std::atomic<bool> authed_{false};  // this end's handshake frames are out: frames may follow
   std::atomic<bool> proven_{false};  // the peer proved the token (and its role)
   kvstore::role peer_role_ = kvstore::role::worker;
-  challenge challenge_;
-  std::optional<auth_answer> answer_;  // connector: what it sent
   std::string hs_meta_;
   bool paused_by_owner_ = false;  // pause_reading()
   bool stalled_ = false;          // parse() stopped at a frame boundary; maybe_resume() goes on
   std::atomic<std::size_t> queued_bytes_{0};
-  std::string binding_;
   bool closing_ = false;  // refused: reading stops, the refusal is being written
   wire::header_bytes hs_hdr_{};
   std::chrono::steady_clock::time_point last_rx_{};
   std::string remote_;
+  token_handshake hs_;  // the handshake's rules (reads sec_)
 
   std::vector<std::byte> rbuf_;
   std::size_t rbeg_ = 0, rend_ = 0;
@@ -687,74 +623,5 @@ class connection : public std::enable_shared_from_this<connection> {
   std::vector<wire::header_bytes> hdrs_;
   std::vector<asio::const_buffer> wbufs_;  // the write in progress: inflight_'s pieces
 };
-
-/// Connects to host:port, retrying refused connections until the deadline (the peer may not be
-/// listening yet). Runs on the caller's thread with its own short-lived io_context per attempt.
-/// Whether `host` can ever resolve: an IPv4 or IPv6 literal, or a DNS name (labels of letters,
-/// digits, '-' and '_', at most 63 bytes each, 253 in all). A URL, a "host:port" or a bracketed
-/// address cannot, and is not worth retrying.
-inline bool plausible_host(std::string_view host) {
-  boost::system::error_code ec;
-  asio::ip::make_address(std::string(host), ec);
-  if (!ec) return true;
-  if (host.empty() || host.size() > 253) return false;
-  std::size_t label = 0;
-  for (char c : host) {
-    if (c == '.') {
-      if (label == 0) return false;
-      label = 0;
-      continue;
-    }
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '-' || c == '_';
-    if (!ok || ++label > 63) return false;
-  }
-  return true;
-}
-
-inline tcp::socket connect_with_retry(asio::io_context& io, const std::string& host,
-                                      std::uint16_t port, std::chrono::milliseconds timeout,
-                                      const std::string& what) {
-  if (!plausible_host(host))
-    throw error(errc::invalid_argument,
-                "cannot reach " + what + " at \"" + host + "\": not a host name or an IP address");
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::string last = "no attempt";
-  for (int attempt = 0;; ++attempt) {
-    asio::io_context tmp;
-    tcp::socket s(tmp);
-    boost::system::error_code ec;
-    tcp::resolver r(tmp);
-    auto eps = r.resolve(host, std::to_string(port), ec);
-    if (!ec) {
-      bool done = false;
-      asio::steady_timer t(tmp);
-      auto left = deadline - std::chrono::steady_clock::now();
-      t.expires_after(
-          std::max<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(1)));
-      asio::async_connect(s, eps, [&](boost::system::error_code e, const tcp::endpoint&) {
-        ec = e;
-        done = true;
-        t.cancel();
-      });
-      t.async_wait([&](boost::system::error_code e) {
-        if (!e && !done) s.close();
-      });
-      tmp.run();
-      if (!ec && s.is_open()) {
-        // Move the connected descriptor onto the caller's io_context.
-        auto proto = s.local_endpoint().protocol();
-        int fd = s.release();
-        return tcp::socket(io, proto, fd);
-      }
-    }
-    last = ec ? ec.message() : "timed out";
-    if (std::chrono::steady_clock::now() >= deadline) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::min(50 * (attempt + 1), 250)));
-  }
-  throw error(errc::unreachable, "cannot reach " + what + " at " + host + ":" +
-                                     std::to_string(port) + " within " +
-                                     std::to_string(timeout.count()) + " ms (" + last + ")");
-}
 
 }  // namespace kvstore::transport
