@@ -8,6 +8,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <vector>
 
 namespace kvstore::detail {
@@ -60,32 +61,49 @@ class rank_set {
   std::vector<std::uint64_t> high_;  // ranks 64 and up
 };
 
-/// A number per worker rank; 0 is "none". The vector grows to the highest rank set and keeps
-/// its capacity when cleared.
+/// A number per worker rank; 0 is "none". The first ranks' numbers live in the object itself (a
+/// push of one worker reads and sets its rank's number for every key it names: over many keys a
+/// number on the heap was one more cache miss per key); a vector holds the rest, grown to the
+/// highest rank set, and keeps its capacity when cleared.
 class rank_values {
  public:
   std::uint64_t get(int r) const noexcept {
-    return r >= 0 && static_cast<std::size_t>(r) < v_.size() ? v_[static_cast<std::size_t>(r)] : 0;
+    if (r < 0) return 0;
+    const auto i = static_cast<std::size_t>(r);
+    if (i < inline_ranks) return low_[i];
+    return i - inline_ranks < high_.size() ? high_[i - inline_ranks] : 0;
   }
   /// Sets rank `r`'s number (r not negative).
   void set(int r, std::uint64_t x) {
     const auto i = static_cast<std::size_t>(r);
-    if (i >= v_.size()) {
-      if (x == 0) return;
-      v_.resize(i + 1, 0);
+    if (i < inline_ranks) {
+      low_[i] = x;
+      return;
     }
-    v_[i] = x;
+    const std::size_t j = i - inline_ranks;
+    if (j >= high_.size()) {
+      if (x == 0) return;
+      high_.resize(j + 1, 0);
+    }
+    high_[j] = x;
   }
-  void clear() noexcept { std::fill(v_.begin(), v_.end(), 0); }
+  void clear() noexcept {
+    std::fill(std::begin(low_), std::end(low_), 0);
+    std::fill(high_.begin(), high_.end(), 0);
+  }
   /// Calls f(rank, number) for each rank with a number, in increasing order.
   template <class F>
   void for_each(F&& f) const {
-    for (std::size_t i = 0; i < v_.size(); ++i)
-      if (v_[i]) f(static_cast<int>(i), v_[i]);
+    for (std::size_t i = 0; i < inline_ranks; ++i)
+      if (low_[i]) f(static_cast<int>(i), low_[i]);
+    for (std::size_t j = 0; j < high_.size(); ++j)
+      if (high_[j]) f(static_cast<int>(j + inline_ranks), high_[j]);
   }
 
  private:
-  std::vector<std::uint64_t> v_;
+  static constexpr std::size_t inline_ranks = 2;
+  std::uint64_t low_[inline_ranks] = {};
+  std::vector<std::uint64_t> high_;  // ranks inline_ranks and up
 };
 
 }  // namespace kvstore::detail
