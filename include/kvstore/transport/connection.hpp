@@ -9,7 +9,6 @@
 
 #include <kvstore/detail/log.hpp>
 #include <kvstore/error.hpp>
-#include <kvstore/transport/auth.hpp>
 #include <kvstore/transport/endpoint.hpp>
 #include <kvstore/transport/handshake.hpp>
 #include <kvstore/transport/out_frame.hpp>
@@ -99,7 +98,7 @@ class connection : public std::enable_shared_from_this<connection> {
   /// True once the peer proved the token (and, to a connector, the role it was dialed as).
   bool authenticated() const noexcept { return proven_.load(); }
   /// The role the peer proved (valid once authenticated()).
-  kvstore::role peer_proven_role() const noexcept { return peer_role_; }
+  kvstore::role peer_proven_role() const noexcept { return hs_.peer_role(); }
 
   /// Queues a frame; thread-safe. Frames of equal priority go out in the order queued.
   /// With `may_write_now`, a frame sent while nothing else is queued or being written goes to
@@ -267,10 +266,7 @@ class connection : public std::enable_shared_from_this<connection> {
     auto step = hs_.on_frame(h, meta, connector_address(sock_, sec_.acceptor));
     if (!step.refuse.empty()) return refuse(step.refuse);
     if (!step.fail.empty()) return fail(step.fail);
-    if (step.proven) {
-      peer_role_ = hs_.peer_role();
-      peer_proven();
-    }
+    if (step.proven) peer_proven();
     if (!step.send) {
       if (step.proven) writes_open();
       return;
@@ -590,7 +586,6 @@ class connection : public std::enable_shared_from_this<connection> {
   std::size_t gather_bytes_;
   std::atomic<bool> authed_{false};  // this end's handshake frames are out: frames may follow
   std::atomic<bool> proven_{false};  // the peer proved the token (and its role)
-  kvstore::role peer_role_ = kvstore::role::worker;
   std::string hs_meta_;
   bool paused_by_owner_ = false;  // pause_reading()
   bool stalled_ = false;          // parse() stopped at a frame boundary; maybe_resume() goes on

@@ -48,13 +48,9 @@ class token_handshake {
 
   /// The acceptor's opening frame (its challenge); the connector sends nothing first.
   step start() {
-    step s;
-    if (!sec_.acceptor) return s;
+    if (!sec_.acceptor) return {};
     challenge_ = {make_nonce(), sec_.self};
-    s.send = true;
-    s.cmd = wire::cmd::challenge;
-    s.meta = encode_challenge(challenge_);
-    return s;
+    return sending(wire::cmd::challenge, encode_challenge(challenge_));
   }
 
   /// A frame from the peer before it is proven. `connector_address` is the connector's address
@@ -81,6 +77,18 @@ class token_handshake {
     s.refuse = std::move(why);
     return s;
   }
+  static step sending(wire::cmd c, std::string meta) {
+    step s;
+    s.send = true;
+    s.cmd = c;
+    s.meta = std::move(meta);
+    return s;
+  }
+  // The peer proved the token as `r`; later proofs bind to both ends' nonces.
+  void proven_as(kvstore::role r, const std::string& connector_nonce) {
+    binding_ = challenge_.nonce + connector_nonce;
+    peer_role_ = r;
+  }
   static bool is_refusal(const wire::header& h) {
     return h.command == wire::cmd::response &&
            h.status == static_cast<std::uint32_t>(errc::auth_failed);
@@ -96,14 +104,10 @@ class token_handshake {
     const std::string t = transcript(challenge_, *a, address);
     if (!same_proof(connector_proof(sec_.token, t), a->proof))
       return refused("authentication failed (wrong token, or a proof relayed from elsewhere)");
-    binding_ = challenge_.nonce + a->nonce;
-    peer_role_ = a->connector;
+    proven_as(a->connector, a->nonce);
     // Our proof goes out before any frame of ours.
-    step s;
+    step s = sending(wire::cmd::auth, acceptor_proof(sec_.token, t));
     s.proven = true;
-    s.send = true;
-    s.cmd = wire::cmd::auth;
-    s.meta = acceptor_proof(sec_.token, t);
     return s;
   }
 
@@ -119,11 +123,7 @@ class token_handshake {
                       ", not the " + detail::role_name(*sec_.expect_peer) + " this node dialed");
       challenge_ = *c;
       answer_ = answer_challenge(sec_.token, *c, sec_.self, sec_.bind_address, address);
-      step s;
-      s.send = true;
-      s.cmd = wire::cmd::auth;
-      s.meta = encode_auth(*answer_);
-      return s;
+      return sending(wire::cmd::auth, encode_auth(*answer_));
     }
     // The acceptor's proof: until it checks out, nothing of this node's is sent.
     if (h.command != wire::cmd::auth ||
@@ -132,8 +132,7 @@ class token_handshake {
                     remote_ +
                     " could not prove the token: not a node of this job (KVSTORE_TOKEN differs, "
                     "or something else answers there)");
-    binding_ = challenge_.nonce + answer_->nonce;
-    peer_role_ = challenge_.acceptor;
+    proven_as(challenge_.acceptor, answer_->nonce);
     step s;
     s.proven = true;
     return s;
