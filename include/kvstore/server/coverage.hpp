@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <utility>
 
 namespace kvstore::detail {
@@ -20,7 +21,7 @@ class coverage {
   /// written, in increasing order, then marks [a, b) written.
   template <class Copy, class Add>
   void contribute(std::uint64_t a, std::uint64_t b, Copy&& copy, Add&& add) {
-    if (spilled_.empty()) {
+    if (!spilled()) {
       if (!has_one_) {
         if (a < b) copy(a, b);
         one_ = {a, b};
@@ -35,7 +36,8 @@ class coverage {
         one_ = {std::min(a, one_.first), std::max(b, one_.second)};
         return;
       }
-      spilled_.emplace(one_.first, one_.second);
+      spilled_ = std::make_unique<ranges>();
+      if (one_.first < one_.second) spilled_->emplace(one_.first, one_.second);
       has_one_ = false;
     }
     contribute_spilled(a, b, copy, add);
@@ -43,17 +45,18 @@ class coverage {
 
   /// True when no written range overlaps [a, b).
   bool disjoint(std::uint64_t a, std::uint64_t b) const {
-    if (spilled_.empty()) return !has_one_ || b <= one_.first || a >= one_.second;
-    auto it = spilled_.upper_bound(a);
-    if (it != spilled_.begin() && std::prev(it)->second > a) return false;
-    return it == spilled_.end() || it->first >= b;
+    if (!spilled()) return !has_one_ || b <= one_.first || a >= one_.second;
+    auto it = spilled_->upper_bound(a);
+    if (it != spilled_->begin() && std::prev(it)->second > a) return false;
+    return it == spilled_->end() || it->first >= b;
   }
 
   /// Calls f(b, e) for each written range, in increasing order.
   template <class F>
   void for_each(F&& f) const {
     if (has_one_) return f(one_.first, one_.second);
-    for (auto [b, e] : spilled_) f(b, e);
+    if (spilled())
+      for (auto [b, e] : *spilled_) f(b, e);
   }
   /// True when the round wrote exactly [0, n).
   bool whole(std::uint64_t n) const noexcept {
@@ -61,19 +64,23 @@ class coverage {
   }
   void clear() noexcept {
     has_one_ = false;
-    if (!spilled_.empty()) spilled_.clear();
+    spilled_.reset();
   }
-  bool empty() const noexcept { return !has_one_ && spilled_.empty(); }
+  bool empty() const noexcept { return !has_one_ && !spilled(); }
 
  private:
   template <class Copy, class Add>
   void contribute_spilled(std::uint64_t a, std::uint64_t b, Copy& copy, Add& add) {
+    // An empty range marks nothing. Kept, it would split a later range around it into an
+    // empty add() between two copies.
+    if (a >= b) return;
+    ranges& m = *spilled_;
     std::uint64_t pos = a;
-    auto it = spilled_.upper_bound(a);
-    if (it != spilled_.begin()) --it;
+    auto it = m.upper_bound(a);
+    if (it != m.begin()) --it;
     while (pos < b) {
-      while (it != spilled_.end() && it->second <= pos) ++it;
-      if (it == spilled_.end() || it->first >= b) {
+      while (it != m.end() && it->second <= pos) ++it;
+      if (it == m.end() || it->first >= b) {
         copy(pos, b);
         break;
       }
@@ -86,8 +93,8 @@ class coverage {
       pos = e;
     }
     std::uint64_t na = a, nb = b;
-    auto j = spilled_.upper_bound(a);
-    if (j != spilled_.begin()) {
+    auto j = m.upper_bound(a);
+    if (j != m.begin()) {
       auto p = std::prev(j);
       if (p->second >= a) {
         na = p->first;
@@ -95,16 +102,24 @@ class coverage {
         j = p;
       }
     }
-    while (j != spilled_.end() && j->first <= nb) {
+    while (j != m.end() && j->first <= nb) {
       nb = std::max(nb, j->second);
-      j = spilled_.erase(j);
+      j = m.erase(j);
     }
-    spilled_[na] = nb;
+    m[na] = nb;
   }
 
+  using ranges = std::map<std::uint64_t, std::uint64_t>;
+  // The spilled ranges, or null when there are none.
+  const ranges* spilled() const noexcept {
+    return spilled_ && !spilled_->empty() ? spilled_.get() : nullptr;
+  }
+
+  // All the ranges when there are several; apart, as that is rare, so a slice's coverage fits
+  // beside its other hot fields (server/slice.hpp). First, with has_one_: empty() reads both.
+  std::unique_ptr<ranges> spilled_;
   bool has_one_ = false;
   std::pair<std::uint64_t, std::uint64_t> one_{0, 0};  // the only range, while has_one_
-  std::map<std::uint64_t, std::uint64_t> spilled_;     // else all of them
 };
 
 }  // namespace kvstore::detail
