@@ -8,6 +8,7 @@
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/pending.hpp>
 #include <kvstore/detail/log.hpp>
+#include <kvstore/detail/spin_mutex.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/options.hpp>
@@ -630,7 +631,8 @@ class worker_client final : public transport::frame_handler {
   transport::asio::steady_timer timer_;
   transport::asio::executor_work_guard<transport::asio::io_context::executor_type> work_;
   std::thread thread_;
-  std::mutex m_;
+  // The callers' threads send and the io thread takes the answers: held briefly by both.
+  spin_mutex m_;
   std::shared_ptr<transport::connection> sched_;
   std::string sched_down_;
   std::vector<server_ref> servers_;

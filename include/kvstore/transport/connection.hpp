@@ -8,6 +8,7 @@
 #pragma once
 
 #include <kvstore/detail/log.hpp>
+#include <kvstore/detail/spin_mutex.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/transport/endpoint.hpp>
 #include <kvstore/transport/handshake.hpp>
@@ -606,7 +607,8 @@ class connection : public std::enable_shared_from_this<connection> {
   bool own_sink_ = false;  // the payload goes to own_, grown as it arrives
   std::size_t got_ = 0;
 
-  std::mutex qm_;
+  // The caller's thread queues frames and the io thread takes them: held briefly by both.
+  detail::spin_mutex qm_;
   send_queue queue_;
   bool writing_ = false;
   bool closed_ = false;
