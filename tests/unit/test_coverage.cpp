@@ -115,6 +115,10 @@ TEST_CASE("coverage: an empty contribution copies and adds nothing" * doctest::t
   int calls = 0;
   auto count = [&](std::uint64_t, std::uint64_t) { ++calls; };
   cov.contribute(0, 4, count, count);
+  cov.contribute(20, 20, count, count);  // apart from the one range: still one range
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+  cov.for_each([&](std::uint64_t x, std::uint64_t y) { ranges.emplace_back(x, y); });
+  REQUIRE(ranges == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0, 4}});
   cov.contribute(10, 12, count, count);  // several ranges
   REQUIRE(calls == 2);
   cov.contribute(11, 11, count, count);

@@ -21,7 +21,7 @@ class coverage {
   /// written, in increasing order, then marks [a, b) written.
   template <class Copy, class Add>
   void contribute(std::uint64_t a, std::uint64_t b, Copy&& copy, Add&& add) {
-    if (!spilled()) {
+    if (!spilled_) {
       if (!has_one_) {
         if (a < b) copy(a, b);
         one_ = {a, b};
@@ -36,6 +36,7 @@ class coverage {
         one_ = {std::min(a, one_.first), std::max(b, one_.second)};
         return;
       }
+      if (a >= b) return;  // an empty range apart from the one range marks nothing
       spilled_ = std::make_unique<ranges>();
       if (one_.first < one_.second) spilled_->emplace(one_.first, one_.second);
       has_one_ = false;
@@ -45,7 +46,7 @@ class coverage {
 
   /// True when no written range overlaps [a, b).
   bool disjoint(std::uint64_t a, std::uint64_t b) const {
-    if (!spilled()) return !has_one_ || b <= one_.first || a >= one_.second;
+    if (!spilled_) return !has_one_ || b <= one_.first || a >= one_.second;
     auto it = spilled_->upper_bound(a);
     if (it != spilled_->begin() && std::prev(it)->second > a) return false;
     return it == spilled_->end() || it->first >= b;
@@ -55,7 +56,7 @@ class coverage {
   template <class F>
   void for_each(F&& f) const {
     if (has_one_) return f(one_.first, one_.second);
-    if (spilled())
+    if (spilled_)
       for (auto [b, e] : *spilled_) f(b, e);
   }
   /// True when the round wrote exactly [0, n).
@@ -66,7 +67,7 @@ class coverage {
     has_one_ = false;
     spilled_.reset();
   }
-  bool empty() const noexcept { return !has_one_ && !spilled(); }
+  bool empty() const noexcept { return !has_one_ && !spilled_; }
 
  private:
   template <class Copy, class Add>
@@ -110,13 +111,10 @@ class coverage {
   }
 
   using ranges = std::map<std::uint64_t, std::uint64_t>;
-  // The spilled ranges, or null when there are none.
-  const ranges* spilled() const noexcept {
-    return spilled_ && !spilled_->empty() ? spilled_.get() : nullptr;
-  }
 
-  // All the ranges when there are several; apart, as that is rare, so a slice's coverage fits
-  // beside its other hot fields (server/slice.hpp). First, with has_one_: empty() reads both.
+  // All the ranges when there are several, else null; never empty, as a spill always adds a
+  // range. Apart, as that is rare, so a slice's coverage fits beside its other hot fields
+  // (server/slice.hpp). First, with has_one_: empty() reads both.
   std::unique_ptr<ranges> spilled_;
   bool has_one_ = false;
   std::pair<std::uint64_t, std::uint64_t> one_{0, 0};  // the only range, while has_one_
