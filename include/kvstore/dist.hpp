@@ -7,6 +7,7 @@
 
 #include <kvstore/client/batch.hpp>
 #include <kvstore/client/call.hpp>
+#include <kvstore/client/call_plan.hpp>
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/fusion.hpp>
 #include <kvstore/client/key_record.hpp>
@@ -611,6 +612,7 @@ class KVStore<dist, T> {
     detail::key_table keys;
     std::mutex batch_m;             // multi-key calls mark their keys' records under it
     std::uint64_t batch_calls = 0;  // numbers those calls (under batch_m)
+    detail::call_plans plans[2];    // recent multi-key pushes' and pulls' keys (under batch_m)
     std::atomic<bool> left{false};
     // The device work of device_span calls (device/dist_bridge.hpp), made on the first one.
     // Last: destroyed first, its completions drained while the engine and client still exist.
@@ -760,7 +762,9 @@ class KVStore<dist, T> {
   static constexpr std::size_t batch_keys = std::size_t{1} << 15;
 
   // Every key found and checked before anything is queued (the first bad one throws, naming
-  // it), under one hold of the key table.
+  // it), under one hold of the key table. A call naming the same keys as a recent call of its
+  // kind skips the lookups: its keys and sizes are compared with that call's plan
+  // (client/call_plan.hpp), which was checked then.
   template <class Buf>
   split_call<Buf> split(call_kind call, std::span<const key> ks, std::span<const Buf> bufs) {
     split_call<Buf> out;
@@ -770,26 +774,57 @@ class KVStore<dist, T> {
     // A pull that may have to wait for slower workers (dist_async with staleness) is held by
     // the servers key by key: those go one by one.
     const bool batch_ok = !pull || impl_->opts.sync || !impl_->opts.staleness;
+    // A key's small batch: a new one every batch_keys keys.
+    auto batch_of = [&](std::size_t i) -> detail::batch<Buf>& {
+      if (out.small.empty() || out.small.back()->size() == batch_keys)
+        out.small.push_back(
+            std::make_shared<detail::batch<Buf>>(0, std::min(batch_keys, ks.size() - i)));
+      return *out.small.back();
+    };
+    const std::uint64_t fingerprint = detail::call_plans::fingerprint(ks);
     {
-      // The batch marks of the records (key_record::batch_call) are this lock's.
+      // The batch marks of the records (key_record::batch_call) and the plans are this lock's.
       std::lock_guard marks(impl_->batch_m);
       auto lk = impl_->keys.read_lock();
-      const std::uint64_t stamp = ++impl_->batch_calls;
-      for (std::size_t i = 0; i < ks.size(); ++i) {
-        impl_->keys.prefetch_ahead_locked([&](std::size_t j) { return ks[j].id(); }, i, ks.size());
-        const std::uint64_t id = ks[i].id();
-        record* m = checked(impl_->keys.find_locked(id), call, ks[i], bufs[i].size());
-        if (batch_ok && detail::batches<T>::small(*m) && impl_->reqs.travels_plain(*m, pull)) {
-          out.repeats = out.repeats || m->batch_call == stamp;
-          m->batch_call = stamp;
-          if (out.small.empty() || out.small.back()->size() == batch_keys)
-            out.small.push_back(
-                std::make_shared<detail::batch<Buf>>(0, std::min(batch_keys, ks.size() - i)));
-          out.small.back()->add_distinct(m, id, bufs[i]);
-        } else {
-          large.push_back(m);
-          large_bufs.push_back(bufs[i]);
+      detail::call_plans& plans = impl_->plans[pull ? 1 : 0];
+      const detail::call_plans::version now{impl_->keys.removals_locked(),
+                                            detail::packed(impl_->reqs.store_compression())};
+      const auto* followed =
+          pull || !impl_->left ? plans.find(ks, bufs, fingerprint, now) : nullptr;
+      if (followed) {
+        const detail::call_plans::plan& plan = *followed;
+        for (std::size_t i = 0; i < ks.size(); ++i) {
+          const detail::call_plans::key_entry& e = plan[i];
+          if (e.batched) {
+            batch_of(i).entries.push_back({e.rec, bufs[i], e.id, e.total, e.server});
+          } else {
+            large.push_back(e.rec);
+            large_bufs.push_back(bufs[i]);
+          }
         }
+        out.repeats = plan.repeats();
+      } else {
+        detail::call_plans::plan* plan =
+            plans.start(fingerprint, ks.size(), impl_->keys.size_locked());
+        const std::uint64_t stamp = ++impl_->batch_calls;
+        for (std::size_t i = 0; i < ks.size(); ++i) {
+          impl_->keys.prefetch_ahead_locked([&](std::size_t j) { return ks[j].id(); }, i,
+                                            ks.size());
+          const std::uint64_t id = ks[i].id();
+          record* m = checked(impl_->keys.find_locked(id), call, ks[i], bufs[i].size());
+          const bool batched =
+              batch_ok && detail::batches<T>::small(*m) && impl_->reqs.travels_plain(*m, pull);
+          if (plan) plan->add({m, id, m->total, m->home, batched});
+          if (batched) {
+            out.repeats = out.repeats || m->batch_call == stamp;
+            m->batch_call = stamp;
+            batch_of(i).add_distinct(m, id, bufs[i]);
+          } else {
+            large.push_back(m);
+            large_bufs.push_back(bufs[i]);
+          }
+        }
+        if (plan) plans.finish(*plan, out.repeats, now);
       }
     }
     if (!large.empty())

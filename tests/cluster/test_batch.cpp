@@ -180,3 +180,61 @@ TEST_CASE(
     kv.barrier();
   });
 }
+
+TEST_CASE(
+    "a call naming the last call's keys reuses its plan, and what changed since is still "
+    "checked: buffer sizes, the store's compression, a worker that left" *
+    doctest::timeout(60)) {
+  kvtest::cluster c(kvtest::test_options(1, 2));
+  c.run_workers([&](KVStore<dist>& kv) {
+    constexpr std::size_t n = 2000;
+    auto m = keys_of(0, n, 1, 0.0f);  // 1 to 3 floats each
+    kv.init(m.keys, m.in());
+    kv.set_optimizer(kvstore::optim::add{});  // w += g: every push counts
+    auto ones = keys_of(0, n, 1, 0.0f);
+    for (auto& v : ones.values) std::fill(v.begin(), v.end(), 1.0f);
+    auto got = keys_of(0, n, 1, -1.0f);
+    auto expect = [&](float plus, const std::string& when) {
+      kv.pull(m.keys, got.out()).wait();
+      CAPTURE(when);
+      for (std::size_t i = 0; i < n; ++i)
+        REQUIRE(got.values[i] == filled(got.values[i].size(), static_cast<float>(i % 5) + plus));
+    };
+    // The same keys three times: the first call is planned, the next two follow the plan. So
+    // does the pull, from its second call on (expect pulls once per check).
+    for (int i = 0; i < 3; ++i) kv.push(ones.keys, ones.in()).wait();
+    expect(3, "after three pushes");
+    expect(3, "pulled again along the pull's plan");
+    // The planned keys with one buffer of the wrong size: refused, naming the key, nothing sent.
+    auto wrong = ones.in();
+    const std::vector<float> four(4, 1.0f);  // keys_of's keys have 1 to 3 floats
+    wrong[1234] = four;
+    expect_error([&] { kv.push(ones.keys, wrong); }, errc::size_mismatch, {"1234", "size 4"});
+    std::vector<std::span<float>> wrong_out = got.out();
+    std::vector<float> four_out(4);
+    wrong_out[77] = four_out;
+    expect_error([&] { kv.pull(m.keys, wrong_out); }, errc::size_mismatch, {"77", "size 4"});
+    kv.push(ones.keys, ones.in()).wait();  // planned afresh
+    kv.push(ones.keys, ones.in()).wait();  // along that plan
+    expect(5, "after a refused push and two more");
+    // A compression set since the plan: the planned keys now travel 2-bit, one by one. With
+    // threshold 0.5, 0.3 sends 0 (and keeps 0.3 as residual); plain would have added 0.3.
+    const auto third = [&] {
+      auto t = keys_of(0, n, 1, 0.0f);
+      for (auto& v : t.values) std::fill(v.begin(), v.end(), 0.3f);
+      return t;
+    }();
+    kv.set_gradient_compression({kvstore::compression::two_bit, 0.5f});
+    kv.push(ones.keys, third.in()).wait();
+    expect(5, "after a 2-bit push of 0.3 (sends 0)");
+    kv.push(ones.keys, third.in()).wait();  // the residual 0.6 sends 0.5
+    expect(5.5f, "after a second 2-bit push of 0.3");
+    kv.set_gradient_compression({kvstore::compression::none});
+    kv.push(ones.keys, ones.in()).wait();
+    expect(6.5f, "plain again");
+    // A worker that left may no longer push the planned keys, and may still pull them.
+    kv.leave();
+    expect_error([&] { kv.push(ones.keys, ones.in()); }, errc::invalid_argument, {"left"});
+    expect(6.5f, "pulled after leaving");
+  });
+}

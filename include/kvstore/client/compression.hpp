@@ -25,15 +25,16 @@ static_assert(static_cast<int>(wire::encoding::fp16) == compression::fp16 &&
                   static_cast<int>(wire::encoding::two_bit) == compression::two_bit,
               "the wire numbers encodings as compression::kind");
 
+/// A compression setting in one word: its kind and its threshold's bits.
+inline std::uint64_t packed(const compression& c) noexcept {
+  return static_cast<std::uint64_t>(c.type) << 32 | std::bit_cast<std::uint32_t>(c.threshold);
+}
+
 /// The store's compression (set_gradient_compression), read by every push and pull. Set while
 /// other threads may push, so it is one atomic word.
 class compression_setting {
  public:
-  void set(const compression& c) noexcept {
-    packed_.store(
-        static_cast<std::uint64_t>(c.type) << 32 | std::bit_cast<std::uint32_t>(c.threshold),
-        std::memory_order_release);
-  }
+  void set(const compression& c) noexcept { packed_.store(packed(c), std::memory_order_release); }
   compression get() const noexcept {
     const std::uint64_t p = packed_.load(std::memory_order_acquire);
     return {static_cast<compression::kind>(p >> 32),

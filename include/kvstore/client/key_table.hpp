@@ -64,13 +64,19 @@ class key_table {
   /// Forgets a key whose init failed.
   void remove(std::uint64_t id) {
     std::unique_lock lk(m_);
-    index_.erase(id);  // the record stays in owned_: an op may still hold it
+    if (index_.erase(id)) ++removals_;  // the record stays in owned_: an op may still hold it
   }
+  /// Keys held; read_lock() held.
+  std::size_t size_locked() const noexcept { return index_.size(); }
+  /// Keys removed so far: a plan of records found earlier (client/call_plan.hpp) holds while
+  /// this has not changed. read_lock() held.
+  std::uint64_t removals_locked() const noexcept { return removals_; }
 
  private:
   mutable std::shared_mutex m_;
   flat_index<key_record> index_;                    // the records in use, by id
   std::vector<std::unique_ptr<key_record>> owned_;  // every record added, removed ones too
+  std::uint64_t removals_ = 0;
 };
 
 }  // namespace kvstore::detail

@@ -1,0 +1,144 @@
+// client/call_plan.hpp: the plans of recent multi-key calls. A call follows a plan only when it
+// names the same integer keys in the same order with buffers of the planned sizes, at the same
+// version (no key removed, the same compression); several key lists stay planned in turn; the
+// least lately followed plan makes room; the plans together keep at most twice the keys held.
+#include <kvstore/client/call_plan.hpp>  // first: the header is self-contained
+
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+using kvstore::detail::call_plans;
+using kvstore::detail::key_record;
+
+namespace {
+
+using buf = std::span<const float>;
+
+// A call: keys [first, first + n) with buffers of key % 3 + 1 floats.
+struct call {
+  std::vector<kvstore::key> keys;
+  std::vector<buf> bufs;
+};
+const std::vector<float> storage(4, 0.0f);
+call call_of(std::int64_t first, std::size_t n) {
+  call c;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t k = first + static_cast<std::int64_t>(i);
+    c.keys.emplace_back(k);
+    c.bufs.emplace_back(storage.data(), static_cast<std::size_t>(k % 3 + 1));
+  }
+  return c;
+}
+
+// Plans `c` as the worker's full path does (each key's "record" a distinct fake address).
+void plan(call_plans& plans, const call& c, std::size_t held, call_plans::version v = {}) {
+  auto* p = plans.start(call_plans::fingerprint(c.keys), c.keys.size(), held);
+  REQUIRE(p != nullptr);
+  for (std::size_t i = 0; i < c.keys.size(); ++i)
+    p->add({reinterpret_cast<key_record*>(0x1000 + 64 * c.keys[i].id()), c.keys[i].id(),
+            c.bufs[i].size(), static_cast<int>(i % 2), i % 5 != 0});
+  plans.finish(*p, false, v);
+}
+
+const call_plans::plan* follow(call_plans& plans, const call& c, call_plans::version v = {}) {
+  return plans.find(std::span<const kvstore::key>(c.keys), std::span<const buf>(c.bufs),
+                    call_plans::fingerprint(c.keys), v);
+}
+
+}  // namespace
+
+TEST_CASE("a call follows its plan only with the same keys, sizes and version" *
+          doctest::timeout(10)) {
+  call_plans plans;
+  const call a = call_of(100, 1000);
+  CHECK(follow(plans, a) == nullptr);  // nothing planned yet
+  plan(plans, a, 1000);
+  const auto* p = follow(plans, a);
+  REQUIRE(p != nullptr);
+  REQUIRE(p->size() == 1000);
+  CHECK((*p)[7].id == 107);
+  CHECK((*p)[7].total == a.bufs[7].size());
+  CHECK((*p)[7].rec == reinterpret_cast<key_record*>(0x1000 + 64 * 107));
+  CHECK((*p)[10].batched == false);
+  CHECK((*p)[11].batched == true);
+
+  call other = a;  // one key different, anywhere
+  other.keys[999] = kvstore::key(5);
+  CHECK(follow(plans, other) == nullptr);
+  call shorter = a;
+  shorter.keys.pop_back();
+  shorter.bufs.pop_back();
+  CHECK(follow(plans, shorter) == nullptr);
+  call reordered = a;
+  std::swap(reordered.keys[3], reordered.keys[4]);
+  std::swap(reordered.bufs[3], reordered.bufs[4]);
+  CHECK(follow(plans, reordered) == nullptr);
+  call resized = a;  // the same keys, one buffer of another size
+  resized.bufs[500] = buf(storage.data(), 4);
+  CHECK(follow(plans, resized) == nullptr);
+
+  // A key removed, or the compression changed, since the plan: not followed, planned afresh.
+  CHECK(follow(plans, a, {1, 0}) == nullptr);
+  CHECK(follow(plans, a, {0, 7}) == nullptr);
+  plan(plans, a, 1000, {1, 7});
+  CHECK(follow(plans, a, {1, 7}) != nullptr);
+  CHECK(follow(plans, a) == nullptr);
+  CHECK(plans.entries() == 1000);  // planned again in place of the old plan, not beside it
+}
+
+TEST_CASE("calls naming keys by name are never planned" * doctest::timeout(10)) {
+  call_plans plans;
+  std::vector<kvstore::key> ks{1, "w", 3};
+  CHECK(call_plans::fingerprint(ks) == 0);
+  CHECK(plans.start(0, 3, 100) == nullptr);
+  std::vector<buf> bufs(3, buf(storage.data(), 1));
+  CHECK(plans.find(std::span<const kvstore::key>(ks), std::span<const buf>(bufs), 0, {}) ==
+        nullptr);
+  // Integer keys only: never 0, and the order counts.
+  std::vector<kvstore::key> ab{1, 2}, ba{2, 1};
+  CHECK(call_plans::fingerprint(ab) != 0);
+  CHECK(call_plans::fingerprint(ab) != call_plans::fingerprint(ba));
+  CHECK(call_plans::fingerprint(std::vector<kvstore::key>{}) != 0);
+}
+
+TEST_CASE("several key lists stay planned; the least lately followed makes room" *
+          doctest::timeout(10)) {
+  call_plans plans;
+  const std::size_t lists = call_plans::max_plans;
+  std::vector<call> calls;
+  for (std::size_t i = 0; i < lists + 1; ++i)
+    calls.push_back(call_of(static_cast<std::int64_t>(10000 * i), 100));
+  for (std::size_t i = 0; i < lists; ++i) plan(plans, calls[i], 100000);
+  for (std::size_t i = 0; i < lists; ++i) CHECK(follow(plans, calls[i]) != nullptr);
+  // Followed in turn 0..7 above; now 0 again, so 1 is the least lately followed.
+  CHECK(follow(plans, calls[0]) != nullptr);
+  plan(plans, calls[lists], 100000);
+  CHECK(follow(plans, calls[lists]) != nullptr);
+  CHECK(follow(plans, calls[1]) == nullptr);
+  for (std::size_t i = 0; i < lists; ++i)
+    if (i != 1) CHECK(follow(plans, calls[i]) != nullptr);
+}
+
+TEST_CASE("the plans keep at most twice the keys held" * doctest::timeout(10)) {
+  call_plans plans;
+  // 1,000 keys held; calls of 400 keys each: at most 2,000 entries, so five plans at most.
+  std::vector<call> calls;
+  for (int i = 0; i < 8; ++i) calls.push_back(call_of(1000 * i, 400));
+  for (auto& c : calls) {
+    plan(plans, c, 1000);
+    CHECK(plans.entries() <= 2000);
+  }
+  CHECK(follow(plans, calls[7]) != nullptr);  // the newest is kept
+  CHECK(follow(plans, calls[0]) == nullptr);  // the oldest made room
+  // A call larger than the bound is still planned (alone).
+  const call big = call_of(50000, 3000);
+  plan(plans, big, 1000);
+  CHECK(follow(plans, big) != nullptr);
+  CHECK(plans.entries() == 3000);
+}
