@@ -781,7 +781,6 @@ class KVStore<dist, T> {
             std::make_shared<detail::batch<Buf>>(0, std::min(batch_keys, ks.size() - i)));
       return *out.small.back();
     };
-    const std::uint64_t fingerprint = detail::call_plans::fingerprint(ks);
     {
       // The batch marks of the records (key_record::batch_call) and the plans are this lock's.
       std::lock_guard marks(impl_->batch_m);
@@ -789,8 +788,7 @@ class KVStore<dist, T> {
       detail::call_plans& plans = impl_->plans[pull ? 1 : 0];
       const detail::call_plans::version now{impl_->keys.removals_locked(),
                                             detail::packed(impl_->reqs.store_compression())};
-      const auto* followed =
-          pull || !impl_->left ? plans.find(ks, bufs, fingerprint, now) : nullptr;
+      const auto* followed = pull || !impl_->left ? plans.find(ks, bufs, now) : nullptr;
       if (followed) {
         const detail::call_plans::plan& plan = *followed;
         for (std::size_t i = 0; i < ks.size(); ++i) {
@@ -804,8 +802,8 @@ class KVStore<dist, T> {
         }
         out.repeats = plan.repeats();
       } else {
-        detail::call_plans::plan* plan =
-            plans.start(fingerprint, ks.size(), impl_->keys.size_locked());
+        detail::call_plans::plan* plan = plans.start(ks, impl_->keys.size_locked());
+        bool named = false;
         const std::uint64_t stamp = ++impl_->batch_calls;
         for (std::size_t i = 0; i < ks.size(); ++i) {
           impl_->keys.prefetch_ahead_locked([&](std::size_t j) { return ks[j].id(); }, i,
@@ -814,6 +812,7 @@ class KVStore<dist, T> {
           record* m = checked(impl_->keys.find_locked(id), call, ks[i], bufs[i].size());
           const bool batched =
               batch_ok && detail::batches<T>::small(*m) && impl_->reqs.travels_plain(*m, pull);
+          named = named || ks[i].is_named();
           if (plan) plan->add({m, id, m->total, m->home, batched});
           if (batched) {
             out.repeats = out.repeats || m->batch_call == stamp;
@@ -824,7 +823,8 @@ class KVStore<dist, T> {
             large_bufs.push_back(bufs[i]);
           }
         }
-        if (plan) plans.finish(*plan, out.repeats, now);
+        if (plan && named) detail::call_plans::drop(*plan);
+        if (plan && !named) plans.finish(*plan, out.repeats, now);
       }
     }
     if (!large.empty())

@@ -182,7 +182,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a call naming the last call's keys reuses its plan, and what changed since is still "
+    "a call naming a recent call's keys follows its plan, and what changed since is still "
     "checked: buffer sizes, the store's compression, a worker that left" *
     doctest::timeout(60)) {
   kvtest::cluster c(kvtest::test_options(1, 2));
@@ -200,11 +200,12 @@ TEST_CASE(
       for (std::size_t i = 0; i < n; ++i)
         REQUIRE(got.values[i] == filled(got.values[i].size(), static_cast<float>(i % 5) + plus));
     };
-    // The same keys three times: the first call is planned, the next two follow the plan. So
-    // does the pull, from its second call on (expect pulls once per check).
+    // The same keys three times: the second call is planned, the third follows the plan. So
+    // do the pulls (expect pulls once per check).
     for (int i = 0; i < 3; ++i) kv.push(ones.keys, ones.in()).wait();
     expect(3, "after three pushes");
-    expect(3, "pulled again along the pull's plan");
+    expect(3, "pulled again: planned");
+    expect(3, "pulled along the pull's plan");
     // The planned keys with one buffer of the wrong size: refused, naming the key, nothing sent.
     auto wrong = ones.in();
     const std::vector<float> four(4, 1.0f);  // keys_of's keys have 1 to 3 floats

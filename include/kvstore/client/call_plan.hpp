@@ -3,10 +3,12 @@
 // key lists step after step; over many keys, finding each key's record and reading it is most of
 // what a call costs the caller (a cache miss or two per key). A call that matches a plan reads
 // only what it was given, in order (each key's id and its buffer's size), against the plan's
-// array, and its batches are built from the plan. A plan names each key's record, which never
-// moves (client/key_table.hpp). Plans are dropped when a key is removed (a failed init) or the
-// store's compression changes, the two things that could change what was checked. A call naming
-// a key by name is never planned: telling two names of one hash apart needs the record.
+// array, and its batches are built from the plan. A key list is planned the second time it is
+// called (recently): a call that never repeats (sparse rows) costs nothing more. A plan names
+// each key's record, which never moves (client/key_table.hpp). Plans are dropped when a key is
+// removed (a failed init) or the store's compression changes, the two things that could change
+// what was checked. A call naming a key by name is never planned: telling two names of one hash
+// apart needs the record.
 #pragma once
 
 #include <kvstore/client/key_record.hpp>
@@ -40,6 +42,18 @@ class call_plans {
     friend bool operator==(const version&, const version&) = default;
   };
 
+  /// A call's key list told apart in constant time: its length and three of its ids. Equal
+  /// signatures are only a hint; a call follows a plan once every id is compared.
+  struct signature {
+    std::size_t n = 0;
+    std::uint64_t first = 0, middle = 0, last = 0;
+    friend bool operator==(const signature&, const signature&) = default;
+  };
+  static signature signature_of(std::span<const key> ks) noexcept {
+    if (ks.empty()) return {};
+    return {ks.size(), ks.front().id(), ks[ks.size() / 2].id(), ks.back().id()};
+  }
+
   class plan {
    public:
     const key_entry& operator[](std::size_t i) const noexcept { return keys_[i]; }
@@ -52,60 +66,59 @@ class call_plans {
    private:
     friend class call_plans;
     std::vector<key_entry> keys_;
-    std::uint64_t fingerprint_ = 0;
+    signature signature_;
     version made_at_;
     std::uint64_t used_ = 0;  // the cache's clock when last made or followed
     bool repeats_ = false;
     bool ready_ = false;  // finished: calls may follow it
   };
 
-  /// Plans kept per kind of call: a few key lists a training step calls in turn.
+  /// Plans kept per kind of call: a few key lists a training step calls in turn. As many key
+  /// lists seen once are remembered, to be planned when called again.
   static constexpr std::size_t max_plans = 8;
-
-  /// A call's keys in one word, never 0; 0 when a key is named (never planned).
-  static std::uint64_t fingerprint(std::span<const key> ks) noexcept {
-    std::uint64_t h = 0x9E3779B97F4A7C15ull ^ ks.size();
-    for (const key& k : ks) {
-      if (k.is_named()) return 0;
-      h = (h ^ k.id()) * 0x100000001B3ull;
-      h ^= h >> 29;
-    }
-    return h | 1;
-  }
 
   /// The plan a call naming `ks` with buffers `bufs`, at version `v`, follows; or nullptr.
   template <class Buf>
-  const plan* find(std::span<const key> ks, std::span<const Buf> bufs, std::uint64_t fingerprint,
-                   const version& v) {
-    if (!fingerprint) return nullptr;
+  const plan* find(std::span<const key> ks, std::span<const Buf> bufs, const version& v) {
+    const signature sig = signature_of(ks);
     for (plan& p : plans_) {
-      if (!p.ready_ || p.fingerprint_ != fingerprint || p.keys_.size() != ks.size()) continue;
+      if (!p.ready_ || p.signature_ != sig) continue;
       if (p.made_at_ != v) return nullptr;  // made before a change: planned afresh
       for (std::size_t i = 0; i < ks.size(); ++i)
-        if (ks[i].id() != p.keys_[i].id || bufs[i].size() != p.keys_[i].total) return nullptr;
+        if (ks[i].is_named() || ks[i].id() != p.keys_[i].id || bufs[i].size() != p.keys_[i].total)
+          return nullptr;
       p.used_ = ++clock_;
       return &p;
     }
     return nullptr;
   }
 
-  /// An empty plan to fill for a call of `n` keys, in place of the plan of the same keys made
-  /// before a change, or of the one followed least lately; nullptr when the call cannot be
-  /// planned (fingerprint 0). Plans keep at most twice the `held` keys (the key table's size)
-  /// together, the new one included: older ones are freed to make room.
-  plan* start(std::uint64_t fingerprint, std::size_t n, std::size_t held) {
-    if (!fingerprint) return nullptr;
-    plan* p = &plans_[0];
-    for (plan& q : plans_) {
-      if (q.fingerprint_ == fingerprint && q.keys_.size() == n) {
-        p = &q;
-        break;
+  /// An empty plan to fill for a call naming `ks` that follows none: in place of a plan of the
+  /// same signature, or of the one followed least lately. nullptr when the key list was not
+  /// called lately: it is remembered, and planned if it is called again. Plans keep at most
+  /// twice the `held` keys (the key table's size) together, the new one included: older ones
+  /// are freed to make room. The caller drops the plan if a key is named (drop).
+  plan* start(std::span<const key> ks, std::size_t held) {
+    const signature sig = signature_of(ks);
+    plan* p = nullptr;
+    for (plan& q : plans_)
+      if (q.signature_ == sig && q.keys_.capacity()) p = &q;
+    if (!p) {
+      // Seen lately? Else remembered (in place of the oldest signature) and not planned.
+      auto seen = std::find(seen_.begin(), seen_.end(), sig);
+      if (seen == seen_.end()) {
+        seen_[next_seen_++ % seen_.size()] = sig;
+        return nullptr;
       }
-      if (q.used_ < p->used_) p = &q;
+      *seen = signature{};
+      p = &plans_[0];
+      for (plan& q : plans_)
+        if (q.used_ < p->used_) p = &q;
     }
+    const std::size_t n = ks.size();
     p->ready_ = false;
     p->keys_.clear();
-    p->fingerprint_ = fingerprint;
+    p->signature_ = sig;
     const std::size_t limit = std::max(2 * held, n);
     for (;;) {
       std::size_t kept = n;
@@ -120,6 +133,12 @@ class call_plans {
     }
     p->keys_.reserve(n);
     return p;
+  }
+
+  /// A plan started for a call that turned out not to be plannable (a key named by name).
+  static void drop(plan& p) noexcept {
+    p.ready_ = false;
+    p.keys_.clear();
   }
 
   /// `p`'s call was found good: later calls may follow it. `repeats`: a key was named twice.
@@ -139,6 +158,8 @@ class call_plans {
 
  private:
   std::array<plan, max_plans> plans_;
+  std::array<signature, max_plans> seen_{};  // key lists called once lately, not planned
+  std::size_t next_seen_ = 0;
   std::uint64_t clock_ = 0;
 };
 
