@@ -823,8 +823,7 @@ class KVStore<dist, T> {
             large_bufs.push_back(bufs[i]);
           }
         }
-        if (plan && named) detail::call_plans::drop(*plan);
-        if (plan && !named) plans.finish(*plan, out.repeats, now);
+        if (plan && !named) plans.finish(*plan, out.repeats, now);  // else never followed
       }
     }
     if (!large.empty())

@@ -97,7 +97,8 @@ class call_plans {
   /// same signature, or of the one followed least lately. nullptr when the key list was not
   /// called lately: it is remembered, and planned if it is called again. Plans keep at most
   /// twice the `held` keys (the key table's size) together, the new one included: older ones
-  /// are freed to make room. The caller drops the plan if a key is named (drop).
+  /// are freed to make room. A plan started and not finished (a key turned out named) is never
+  /// followed.
   plan* start(std::span<const key> ks, std::size_t held) {
     const signature sig = signature_of(ks);
     plan* p = nullptr;
@@ -133,12 +134,6 @@ class call_plans {
     }
     p->keys_.reserve(n);
     return p;
-  }
-
-  /// A plan started for a call that turned out not to be plannable (a key named by name).
-  static void drop(plan& p) noexcept {
-    p.ready_ = false;
-    p.keys_.clear();
   }
 
   /// `p`'s call was found good: later calls may follow it. `repeats`: a key was named twice.
