@@ -138,3 +138,31 @@ TEST_CASE("key_map: a million keys go in and are found in linear time" * doctest
   CHECK(sum == 999'999ull * 1'000'000ull / 2);
   CHECK(m.find(0) == m.end());
 }
+
+TEST_CASE("key_map: frees() changes whenever a value may have been freed, and only then") {
+  key_map<int> m;
+  const std::uint64_t start = m.frees();
+  m[1] = 1;
+  m[2] = 2;
+  for (int k = 3; k < 100; ++k) m[k] = k;  // growing moves no value
+  CHECK(m.frees() == start);
+  CHECK(m.erase(1000) == 0);
+  CHECK(m.frees() == start);
+  CHECK(m.erase(1) == 1);
+  const std::uint64_t after_erase = m.frees();
+  CHECK(after_erase != start);
+  key_map<int> other;
+  other[7] = 7;
+  key_map<int> moved(std::move(m));  // m's values now belong to `moved`: m freed them
+  CHECK(moved.frees() == after_erase);
+  CHECK(m.empty());
+  CHECK(m.frees() != after_erase);
+  const std::uint64_t before = moved.frees();
+  moved = std::move(other);  // moved's own values are gone
+  CHECK(moved.frees() != before);
+  CHECK(moved.size() == 1);
+  CHECK(moved.at(7) == 7);
+  const std::uint64_t before_clear = moved.frees();
+  moved.clear();
+  CHECK(moved.frees() != before_clear);
+}

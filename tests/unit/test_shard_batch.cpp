@@ -382,3 +382,88 @@ TEST_CASE(
           }) == errc::protocol);
   }
 }
+
+namespace {
+
+/// Keys 1..64 of one float each (key 10: two), as a batched frame: enough keys to be planned
+/// (frame_plans::min_keys), each valued `v` and numbered `seq` (the entries' aux).
+std::vector<bkey> plannable(float v = 0, std::uint64_t seq = 0) {
+  std::vector<bkey> ks;
+  for (std::uint64_t k = 1; k <= 64; ++k)
+    ks.push_back({k, std::vector<float>(k == 10 ? 2 : 1, v), seq});
+  return ks;
+}
+
+/// A pull's answer of plannable(): every element `v`.
+std::vector<float> all(float v) { return std::vector<float>(65, v); }
+
+}  // namespace
+
+TEST_CASE(
+    "frames seen before follow their plan, and every check still applies: sizes, keys named "
+    "twice, unknown keys, one push per round" *
+    doctest::timeout(10)) {
+  static_assert(kvstore::detail::frame_plans<int>::min_keys <= 64);
+  fixture f(2);
+  f.set_optimizer("add", params_of(optim::add{}));
+  send(f, 0, wire::cmd::batch_init, plannable());
+  send(f, 1, wire::cmd::batch_init, plannable(), false);
+  // Three steps: the frames are planned at the second, followed at the third.
+  for (std::uint64_t seq = 1; seq <= 3; ++seq) {
+    const auto a = send(f, 0, wire::cmd::batch_push, plannable(1, seq));
+    const auto b = send(f, 1, wire::cmd::batch_push, plannable(2, seq));
+    CHECK(responses(f, 0, a).size() == 1);
+    CHECK(responses(f, 1, b).size() == 1);
+    CHECK(pulled(f, plannable()) == all(3 * static_cast<float>(seq)));
+  }
+  // Frames of the same signature (length, first, middle and last key) that differ elsewhere.
+  auto changed = [](std::size_t at, std::uint64_t key, std::size_t elements) {
+    auto ks = plannable(1, 4);
+    ks[at].key = key;
+    ks[at].value.assign(elements, 1);
+    return ks;
+  };
+  CHECK(refused([&] { send(f, 0, wire::cmd::batch_push, changed(9, 10, 1)); }) ==
+        errc::size_mismatch);
+  CHECK(refused([&] { send(f, 0, wire::cmd::batch_push, changed(20, 22, 1)); }) ==
+        errc::protocol);  // key 22 named twice
+  CHECK(refused([&] { send(f, 0, wire::cmd::batch_push, changed(20, 999, 1)); }) ==
+        errc::unknown_key);
+  auto pull_changed = changed(9, 10, 3);
+  CHECK(refused([&] { pulled(f, pull_changed); }) == errc::size_mismatch);
+  CHECK(pulled(f, plannable()) == all(9));  // nothing changed
+  // Worker 0 twice in one round, on a planned frame: the protocol is broken.
+  const auto a = send(f, 0, wire::cmd::batch_push, plannable(1, 4));
+  CHECK(refused([&] { send(f, 0, wire::cmd::batch_push, plannable(1, 5)); }) == errc::protocol);
+  const auto b = send(f, 1, wire::cmd::batch_push, plannable(2, 4));
+  CHECK(responses(f, 0, a).size() == 1);
+  CHECK(responses(f, 1, b).size() == 1);
+  CHECK(pulled(f, plannable()) == all(12));
+  // A different frame still works, and a changed one does not spoil the plan of the first.
+  CHECK(pulled(f, {{1, {0}}, {2, {0}}}) == std::vector<float>{12, 12});
+  CHECK(pulled(f, plannable()) == all(12));
+}
+
+TEST_CASE("a planned frame never reaches freed slices: a restore replaces them" *
+          doctest::timeout(10)) {
+  for (bool sync : {true, false}) {
+    CAPTURE(sync);
+    fixture f(1, sync);
+    f.set_optimizer("add", params_of(optim::add{}));
+    send(f, 0, wire::cmd::batch_init, plannable(1));
+    for (std::uint64_t seq = 1; seq <= 2; ++seq) {
+      send(f, 0, wire::cmd::batch_push, plannable(1, seq));
+      CHECK(pulled(f, plannable()) == all(1 + static_cast<float>(seq)));
+    }
+    const auto snap = kvstore::detail::take_snapshot(f.sh, 0);  // every key 3
+    for (std::uint64_t seq = 3; seq <= 4; ++seq) {
+      send(f, 0, wire::cmd::batch_push, plannable(1, seq));
+      CHECK(pulled(f, plannable()) == all(1 + static_cast<float>(seq)));
+    }
+    kvstore::detail::restore_snapshot(f.sh, snap, 1);
+    CHECK(pulled(f, plannable()) == all(3));
+    send(f, 0, wire::cmd::batch_push, plannable(1, 5));
+    CHECK(pulled(f, plannable()) == all(4));
+    CHECK(pulled(f, plannable()) == all(4));
+  }
+}

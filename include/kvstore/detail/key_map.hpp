@@ -60,8 +60,19 @@ class key_map {
   using const_iterator = basic_iterator<true>;
 
   key_map() = default;
-  key_map(key_map&&) noexcept = default;
-  key_map& operator=(key_map&&) noexcept = default;
+  // A map moved from or replaced freed its values (as far as pointers taken before know).
+  key_map(key_map&& o) noexcept
+      : index_(std::move(o.index_)), nodes_(std::move(o.nodes_)), frees_(o.frees_) {
+    o.clear();
+  }
+  key_map& operator=(key_map&& o) noexcept {
+    if (this == &o) return *this;
+    index_ = std::move(o.index_);
+    nodes_ = std::move(o.nodes_);
+    frees_ = std::max(frees_, o.frees_) + 1;
+    o.clear();
+    return *this;
+  }
 
   iterator begin() noexcept { return iterator(nodes_.data()); }
   iterator end() noexcept { return iterator(nodes_.data() + nodes_.size()); }
@@ -121,6 +132,7 @@ class key_map {
       nodes_[at]->pos = at;
     }
     nodes_.pop_back();
+    ++frees_;
     return 1;
   }
 
@@ -129,7 +141,11 @@ class key_map {
   void clear() noexcept {
     index_.clear();
     nodes_.clear();
+    ++frees_;
   }
+  /// Counts the times values were freed (erase, clear, the map replaced or moved from): a
+  /// pointer to a value, taken when this read n, is valid while it still reads n.
+  std::uint64_t frees() const noexcept { return frees_; }
 
   /// Step i of a walk looking up id_of(0), ..., id_of(n - 1): prefetches the ids ahead and
   /// the first `lines` cache lines of their values (flat_index::prefetch_ahead).
@@ -141,6 +157,7 @@ class key_map {
  private:
   flat_index<node> index_;
   std::vector<std::unique_ptr<node>> nodes_;
+  std::uint64_t frees_ = 0;
 };
 
 }  // namespace kvstore::detail

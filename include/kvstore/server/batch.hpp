@@ -8,6 +8,7 @@
 #pragma once
 
 #include <kvstore/error.hpp>
+#include <kvstore/server/frame_plans.hpp>
 #include <kvstore/server/slice.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -192,19 +193,14 @@ struct batch_ops {
     auto& found = sh.batch_slices_;
     try {
       sh.refuse_if_left(rank, entries[0].key);
-      const std::uint64_t stamp = ++sh.batch_stamp_;
-      found.resize(entries.size());
-      for (std::size_t i = 0; i < entries.size(); ++i) {
-        prefetch_lookup(sh, entries, i);
-        const wire::batch_entry e = entries[i];
-        slice& s = whole_slice(sh, h, e);
-        named_once(s, stamp);
+      // Key i may be pushed in this frame: not twice in its round.
+      auto check = [&](const slice& s, const wire::batch_entry& e) {
         if (sh.cfg_.sync && !s.duplicate(rank, e.aux) && s.round_done.count(rank))
           throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
                                           shard_t::key_str(e.key) + " twice in round " +
                                           std::to_string(s.round));
-        found[i] = &s;
-      }
+      };
+      find_slices(sh, h, entries, check);
     } catch (const error& e) {
       // A refused frame answered each: every key's push gets the refusal (a protocol error
       // closes the connection instead).
@@ -282,19 +278,13 @@ struct batch_ops {
                   "a batched pull of " + std::to_string(entries.size()) + " keys and " +
                       std::to_string(h.total) + " elements: more than max_frame_bytes (" +
                       std::to_string(sh.cfg_.max_frame_bytes) + ") in one answer");
-    const std::uint64_t stamp = ++sh.batch_stamp_;
-    auto& found = sh.batch_slices_;
-    found.resize(entries.size());
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      prefetch_lookup(sh, entries, i);
-      slice& s = whole_slice(sh, h, entries[i]);
-      named_once(s, stamp);
+    find_slices(sh, h, entries, [&](const slice& s, const wire::batch_entry&) {
       if (!sh.may_answer(rank, s, 0))
         throw error(errc::unsupported, "key " + shard_t::key_str(s.key) +
                                            ": a batched pull cannot wait for slower workers "
                                            "(staleness); pull it alone");
-      found[i] = &s;
-    }
+    });
+    const auto& found = sh.batch_slices_;
     auto buf = std::make_shared<bytes>(h.total * elem);
     std::byte* at = buf->data();
     for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -314,6 +304,49 @@ struct batch_ops {
   }
 
  private:
+  // A push's or pull's first pass: each entry's slice (inited, the whole key, named once in the
+  // frame) into sh.batch_slices_, and check(slice, entry) for each; throws at the first bad one.
+  // A frame planned before (server/frame_plans.hpp) takes its slices from the plan, compared
+  // with the entries in order; one that differs is looked up from its first key again.
+  template <class Check>
+  static void find_slices(shard_t& sh, const wire::header& h, const wire::batch_entries& entries,
+                          Check&& check) {
+    auto& found = sh.batch_slices_;
+    const std::size_t n = entries.size();
+    found.resize(n);
+    const std::uint64_t frees = sh.slices_.frees();
+    if (const std::vector<slice*>* plan = sh.plans_.find(entries, h.type, frees)) {
+      std::size_t i = 0;
+      for (; i < n; ++i) {
+        if (i + 8 < n) prefetch_lines((*plan)[i + 8]);
+        slice& s = *(*plan)[i];
+        const wire::batch_entry e = entries[i];
+        if (!frame_plans<slice>::matches(s, e, h.type)) break;
+        check(s, e);
+        found[i] = &s;
+      }
+      if (i == n) return;
+    }
+    const std::uint64_t stamp = ++sh.batch_stamp_;
+    for (std::size_t i = 0; i < n; ++i) {
+      prefetch_lookup(sh, entries, i);
+      const wire::batch_entry e = entries[i];
+      slice& s = whole_slice(sh, h, e);
+      named_once(s, stamp);
+      check(s, e);
+      found[i] = &s;
+    }
+    sh.plans_.found(entries, h.type, found, frees, sh.slices_.size());
+  }
+
+  // The first three cache lines of slice s (its id, sizes, rounds and marks) start loading.
+  static void prefetch_lines(const slice* s) {
+    const char* p = reinterpret_cast<const char*>(s);
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + 64);
+    __builtin_prefetch(p + 128);
+  }
+
   // A frame's first pass looks up every key: the keys ahead and their slices' first three
   // lines start loading, so the misses of several keys overlap.
   static void prefetch_lookup(const shard_t& sh, const wire::batch_entries& entries,
@@ -325,12 +358,7 @@ struct batch_ops {
   // the cache since): the slice 12 keys ahead, the vector holding the value of the one 8 ahead,
   // and the value of the one 4 ahead start loading, so the misses of several keys overlap.
   static void prefetch_ahead(const std::vector<slice*>& found, std::size_t i) {
-    if (i + 12 < found.size()) {
-      const char* s = reinterpret_cast<const char*>(found[i + 12]);
-      __builtin_prefetch(s);
-      __builtin_prefetch(s + 64);
-      __builtin_prefetch(s + 128);
-    }
+    if (i + 12 < found.size()) prefetch_lines(found[i + 12]);
     if (i + 8 < found.size()) __builtin_prefetch(found[i + 8]->value.get());
     if (i + 4 < found.size()) __builtin_prefetch(found[i + 4]->value->data());
   }

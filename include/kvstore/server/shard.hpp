@@ -23,6 +23,7 @@
 #include <kvstore/server/apply_pool.hpp>
 #include <kvstore/server/batch.hpp>
 #include <kvstore/server/deferred_answers.hpp>
+#include <kvstore/server/frame_plans.hpp>
 #include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/parked.hpp>
 #include <kvstore/server/slice.hpp>
@@ -1174,6 +1175,7 @@ class shard {
   batch_waits<Port> waits_;           // batched requests waiting for their keys
   std::uint64_t batch_stamp_ = 0;     // numbers batched frames (key_slice::batch_stamp)
   std::vector<slice*> batch_slices_;  // a frame's slices, found before anything changes
+  frame_plans<slice> plans_;          // recent frames' slices (server/frame_plans.hpp)
   deferred_answers<Port> deferred_;   // while a batched frame is served: see begin_batch()
 };
 
