@@ -58,27 +58,30 @@ struct reply_to {
 /// One key's slice on this server.
 template <class Port>
 struct key_slice : wire::slice_header {
+  // What a push or pull of the key reads first, in the slice's first three cache lines with
+  // the header (a batched frame prefetches them some keys ahead; server/batch.hpp).
   std::shared_ptr<bytes> value;  // shared with pull answers in flight: copy on write
-  // The last pull answer in 16 bits (half the value's bytes), reused when no frame holds it: a
-  // cache, so answering (which reads the slice) may set it.
-  mutable std::shared_ptr<bytes> encoded;
-  bool inited = false;
-  bool restored = false;        // loaded from a snapshot: re-sent inits are acknowledged
-  bool serving_parked = false;  // the shard serves requests kept back behind its round
-  rank_set init_done;           // workers whose init arrived
-  std::vector<reply_to<Port>> init_waiters;
+  rank_set round_done;           // workers whose push is in the sync round being gathered
+  // Exactly-once pushes across a server restart: per worker, the sequence number of its last
+  // push applied (kept in snapshots).
+  rank_values applied;
+  coverage cov;  // elements of the round being gathered that some push covered
   // The batched frame that named this slice last (server/batch.hpp: a key named twice in one
   // frame is refused before anything changes).
   std::uint64_t batch_stamp = 0;
+  bool inited = false;
+  bool restored = false;        // loaded from a snapshot: re-sent inits are acknowledged
+  bool serving_parked = false;  // the shard serves requests kept back behind its round
 
-  // The sync round being gathered.
+  // The last pull answer in 16 bits (half the value's bytes), reused when no frame holds it: a
+  // cache, so answering (which reads the slice) may set it.
+  mutable std::shared_ptr<bytes> encoded;
+  rank_set init_done;  // workers whose init arrived
+  std::vector<reply_to<Port>> init_waiters;
+
+  // The rest of the sync round being gathered, and each worker's push number in it.
   bytes merge;
-  coverage cov;
-  rank_set round_done;
   std::vector<reply_to<Port>> round_waiters;
-  // Exactly-once pushes across a server restart: per worker, the sequence number of its last
-  // push applied (kept in snapshots), and of its push in the round being gathered.
-  rank_values applied;
   rank_values round_seq;
   // dist_async applies a push sent in several frames frame by frame. Per worker, the push in
   // progress: its sequence number, how many of its frames were applied (kept in snapshots) and
