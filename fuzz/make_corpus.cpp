@@ -520,6 +520,29 @@ void batches() {
           frame(bh(wire::cmd::batch_push, 2, 2, ~std::uint64_t{0}, false, true),
                 entries({{1, 1, 1}, {2, 2, 1}}), floats({1, 1, 1})) +
           pull);
+  // Frames big enough to be planned (server/frame_plans.hpp: 32 keys or more), sent three
+  // times so the third follows the plan; then one of the same signature with a key's element
+  // count changed inside, and an init naming a new key twice, which frees the slice it made.
+  constexpr std::uint64_t many = 40;
+  auto keys = [&](std::uint64_t seq, std::uint64_t odd_elements) {
+    std::vector<wire::batch_entry> es;
+    for (std::uint64_t k = 1; k <= many; ++k) es.push_back({k, k == 10 ? odd_elements : 1, seq});
+    return es;
+  };
+  const std::string many_init = frame(bh(wire::cmd::batch_init, many, many, 80, true),
+                                      entries(keys(0, 1)), floats(std::vector<float>(many, 1)));
+  std::string planned;
+  for (std::uint64_t seq = 1; seq <= 3; ++seq)
+    planned += frame(bh(wire::cmd::batch_push, many, many, 80 + seq), entries(keys(seq, 1)),
+                     floats(std::vector<float>(many, 1))) +
+               frame(bh(wire::cmd::batch_pull, many, many, 90 + seq), entries(keys(0, 1)));
+  planned += frame(bh(wire::cmd::batch_push, many, many + 1, 84), entries(keys(4, 2)),
+                   floats(std::vector<float>(many + 1, 1)));
+  planned += frame(bh(wire::cmd::batch_pull, many, many, 94), entries(keys(0, 1)));
+  planned += frame(bh(wire::cmd::batch_init, 2, 2, 85, true), entries({{100, 1, 0}, {100, 1, 0}}),
+                   floats({1, 1}));  // a protocol error: the connection closes
+  put("server", "batch-planned", std::string(1, '\4') + many_init + planned);
+  put("server", "batch-planned-async", std::string(1, '\5') + many_init + planned);
 }
 
 // Versions and held pulls (issue 13): the version command (of a key and of one never inited),
