@@ -42,6 +42,7 @@
 #include <kvstore/dist.hpp>
 #include <kvstore/rendezvous/scheduler.hpp>
 #include <kvstore/server/server.hpp>
+#include <kvstore/transport/tcp_congestion.hpp>
 #include <kvstore/wire/encoding.hpp>
 
 #include "../tests/support/tcp_bytes.hpp"
@@ -352,6 +353,13 @@ struct pipe_barrier {
   }
 };
 
+// dist_options::tcp_congestion for both sides (KVSTORE_TCP_CONGESTION; "auto" if unset): the
+// baseline's sockets run the same congestion control as kvstore's, so neither gains from it.
+std::string congestion_option() {
+  const char* v = std::getenv("KVSTORE_TCP_CONGESTION");
+  return v && *v ? v : "auto";
+}
+
 // ---- kvstore side --------------------------------------------------------------------------
 
 kvstore::dist_options cluster_options(int workers, int servers) {
@@ -377,6 +385,7 @@ kvstore::dist_options cluster_options(int workers, int servers) {
   // KVSTORE_PIPELINE_DEPTH=1 measures ops of one key that each wait for the previous answer.
   if (const char* v = std::getenv("KVSTORE_PIPELINE_DEPTH"))
     o.pipeline_depth = static_cast<std::uint32_t>(std::max(1, std::atoi(v)));
+  o.tcp_congestion = congestion_option();
   return o;
 }
 
@@ -670,6 +679,7 @@ class base_session : public std::enable_shared_from_this<base_session> {
   base_session(tcp::socket s, std::vector<char>& store, std::size_t& open)
       : sock_(std::move(s)), store_(store), open_(open) {
     sock_.set_option(tcp::no_delay(true));
+    kvstore::transport::apply_congestion(sock_, congestion_option());
     rbuf_.resize(256 << 10);
   }
   void start() { read_more(); }
@@ -817,6 +827,7 @@ class base_client {
       socks_.emplace_back(io_);
       socks_.back().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), p));
       socks_.back().set_option(tcp::no_delay(true));
+      kvstore::transport::apply_congestion(socks_.back(), congestion_option());
     }
     send_.assign(max_bytes, 2);
   }
@@ -1456,6 +1467,19 @@ int main(int argc, char** argv) {
       "  TCP sockets send and receive per op (TCP_INFO). Compressed rows: GB/s of float payload,\n"
       "  compared with the raw baseline moving the same floats plain.\n",
       quick ? " --quick (tiny, targets not judged)" : "", cfg.reps);
+  {
+    // What the sockets of both sides run (dist_options::tcp_congestion, applied alike).
+    std::ifstream f("/proc/sys/net/ipv4/tcp_congestion_control");
+    std::string host_cc = "unknown";
+    std::getline(f, host_cc);
+    std::string used = kvstore::transport::congestion_choice(
+        congestion_option(), boost::asio::ip::make_address("127.0.0.1"));
+    std::printf(
+        "  TCP congestion control: the host's default is %s; kvstore's and the baseline's "
+        "sockets run %s (tcp_congestion \"%s\", KVSTORE_TCP_CONGESTION).\n",
+        host_cc.c_str(), used.empty() ? host_cc.c_str() : used.c_str(),
+        congestion_option().c_str());
+  }
   std::fflush(stdout);
 
   std::vector<result> results;

@@ -23,6 +23,7 @@
 #include <kvstore/optim/all.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/reduce/cpu.hpp>
+#include <kvstore/transport/tcp_congestion.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -93,6 +94,7 @@ class KVStore<dist, T> {
       detail::run_other_role(o);
     }
     o.check_versions();
+    transport::check_congestion(o.tcp_congestion);
     impl_ = std::make_unique<impl>(o);
   }
   KVStore(const KVStore&) = delete;

@@ -197,6 +197,15 @@ struct dist_options {
   /// reorder them), nor pushes while fusion is on, nor pulls that servers may hold for staleness.
   /// KVSTORE_PIPELINE_DEPTH.
   std::uint32_t pipeline_depth = 16;
+  /// The TCP congestion control of every connection this node opens or accepts. "auto" (the
+  /// default): connections over loopback (127.0.0.0/8, ::1) run cubic, others the host's default.
+  /// On loopback there is no link to share, and a host default of BBR without the fq qdisc makes
+  /// the kernel pace each socket with a timer, which halved streamed 64 KiB pushes and pulls
+  /// (the README's numbers). "system": the host's default everywhere. Any other value: that
+  /// congestion control on every connection (e.g. "cubic", "dctcp"); one this process may not
+  /// use (net.ipv4.tcp_allowed_congestion_control) is kvstore::error(invalid_argument) at start.
+  /// KVSTORE_TCP_CONGESTION.
+  std::string tcp_congestion = "auto";
   /// A frame whose header announces more than this is refused and its connection closed. Its
   /// buffer grows as the bytes arrive, never on the header's word. KVSTORE_MAX_FRAME_BYTES.
   std::size_t max_frame_bytes = std::size_t{64} << 20;
@@ -265,6 +274,7 @@ struct dist_options {
     s.tls_ca = tls_ca;
     s.bind_address = auth_bind_address;
     s.max_queued_bytes = acceptor ? max_queued_bytes : 0;
+    s.tcp_congestion = tcp_congestion;
     return s;
   }
 

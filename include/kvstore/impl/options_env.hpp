@@ -97,6 +97,7 @@ inline void dist_options::apply_env() {
   if (auto v = env::first_of("KVSTORE_PIPELINE_DEPTH"))
     pipeline_depth =
         static_cast<std::uint32_t>(env::parse_int("KVSTORE_PIPELINE_DEPTH", *v, 1, 0xffff));
+  if (auto v = env::first_of("KVSTORE_TCP_CONGESTION")) tcp_congestion = *v;
   if (auto v = env::first_of("KVSTORE_FUSE_US"))
     fuse_time = std::chrono::microseconds(env::parse_int("KVSTORE_FUSE_US", *v, 0, 1'000'000));
   apply_staleness_env();

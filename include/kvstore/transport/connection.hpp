@@ -15,6 +15,7 @@
 #include <kvstore/transport/out_frame.hpp>
 #include <kvstore/transport/security.hpp>
 #include <kvstore/transport/send_queue.hpp>
+#include <kvstore/transport/tcp_congestion.hpp>
 #include <kvstore/transport/tls.hpp>
 #include <kvstore/wire/frame.hpp>
 
@@ -87,6 +88,7 @@ class connection : public std::enable_shared_from_this<connection> {
         hs_(sec_, remote_) {
     boost::system::error_code ec;
     sock_.set_option(tcp::no_delay(true), ec);
+    apply_congestion(sock_, sec_.tcp_congestion);
     rbuf_.resize(handshake_buffer_size);  // 64 KiB once the peer is proven
   }
 

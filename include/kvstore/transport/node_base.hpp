@@ -14,6 +14,7 @@
 #include <kvstore/error.hpp>
 #include <kvstore/transport/connection.hpp>
 #include <kvstore/transport/security.hpp>
+#include <kvstore/transport/tcp_congestion.hpp>
 #include <kvstore/wire/frame.hpp>
 
 #include <sys/resource.h>
@@ -69,6 +70,7 @@ class node_base : public frame_handler {
         rules_(std::move(rules)),
         accept_retry_(io_) {
     fit_to_descriptors(rules_, who_);
+    check_congestion(rules_.security.tcp_congestion);  // a name the kernel refuses fails here
     try {
       tcp::endpoint ep(asio::ip::make_address(host), port);
       acceptor_.open(ep.protocol());

@@ -26,6 +26,9 @@ struct transport_security {
   /// Acceptor: answers queued for the peer above this many bytes pause reading its frames
   /// (0: no bound).
   std::size_t max_queued_bytes = 0;
+  /// The socket's congestion control: "auto", "system" or a name (transport/tcp_congestion.hpp;
+  /// dist_options::tcp_congestion).
+  std::string tcp_congestion = "auto";
 };
 
 }  // namespace kvstore
