@@ -508,3 +508,87 @@ TEST_CASE("pipelined and plain ops at random: tasks in issue order, the limits k
   CHECK(s.streaming == 0);
   CHECK_FALSE(s.busy());
 }
+
+TEST_CASE("an answer that lets a queued pipelined op go runs it on the answering thread" *
+          doctest::timeout(30)) {
+  // A worker's io thread completes a streamed op: the op waiting behind the pipeline limit runs
+  // there, not on a pool thread woken for it.
+  engine e(2);
+  e.set_max_pipeline(1);
+  key_slot s;
+  deferred_dones dones;
+  auto first = std::make_shared<op_state>(1), second = std::make_shared<op_state>(1);
+  e.submit_pipelined(
+      s, 0, [&](engine::done_fn d) { dones.keep(std::move(d)); }, first);
+  std::thread::id ran_on;
+  e.submit_pipelined(
+      s, 0,
+      [&](engine::done_fn d) {
+        ran_on = std::this_thread::get_id();
+        d(nullptr);
+      },
+      second);
+  REQUIRE(eventually([&] { return dones.size() == 1; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(kvstore::op(second).ready());  // behind the limit until the first is answered
+  std::thread::id answered_on;
+  std::thread answer([&] {
+    answered_on = std::this_thread::get_id();
+    dones.take_first()(nullptr);
+  });
+  answer.join();
+  CHECK(kvstore::op(second).ready());  // it ran inside the answer
+  CHECK(ran_on == answered_on);
+  e.wait_slot(s);
+}
+
+TEST_CASE("ops run from an answer do not chain: one per answer, the rest on the pool" *
+          doctest::timeout(60)) {
+  // Tasks that complete at once (a request refused as it is sent) must not run the whole queue
+  // on the answering thread, one inside the other's completion.
+  engine e(1);
+  e.set_max_pipeline(1);
+  key_slot s;
+  deferred_dones dones;
+  constexpr int n = 2000;
+  std::mutex m;
+  std::vector<int> order;
+  std::vector<std::thread::id> ran_on(n);
+  auto head = std::make_shared<op_state>(1);
+  e.submit_pipelined(
+      s, 0, [&](engine::done_fn d) { dones.keep(std::move(d)); }, head);
+  std::vector<std::shared_ptr<op_state>> ops;
+  for (int i = 0; i < n; ++i) {
+    ops.push_back(std::make_shared<op_state>(1));
+    e.submit_pipelined(
+        s, 0,
+        [&, i](engine::done_fn d) {
+          {
+            std::lock_guard lk(m);
+            order.push_back(i);
+          }
+          ran_on[static_cast<std::size_t>(i)] = std::this_thread::get_id();
+          d(i % 3 == 0 ? std::make_exception_ptr(std::runtime_error("refused")) : nullptr);
+        },
+        ops.back());
+  }
+  REQUIRE(eventually([&] { return dones.size() == 1; }));
+  std::thread::id answered_on;
+  std::thread answer([&] {
+    answered_on = std::this_thread::get_id();
+    dones.take_first()(nullptr);
+  });
+  answer.join();
+  e.wait_slot(s);
+  CHECK(std::count(ran_on.begin(), ran_on.end(), answered_on) == 1);
+  CHECK(ran_on[0] == answered_on);
+  std::vector<int> want(n);
+  for (int i = 0; i < n; ++i) want[static_cast<std::size_t>(i)] = i;
+  CHECK(order == want);
+  for (int i = 0; i < n; ++i) {
+    CAPTURE(i);
+    CHECK(kvstore::op(ops[static_cast<std::size_t>(i)]).ready());
+    if (i % 3 == 0)
+      CHECK_THROWS_AS(kvstore::op(ops[static_cast<std::size_t>(i)]).wait(), std::runtime_error);
+  }
+}

@@ -363,12 +363,19 @@ class engine {
     if (op->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete op;
   }
 
-  // `op` finished: each of its keys goes to the next op queued on it.
+  // `op` finished: each of its keys goes to the next op queued on it. When that makes exactly
+  // one op ready and it is pipelined (a short task that only queues requests), it runs here, on
+  // the thread that completed `op` (a worker's io thread reading the answer): a key streaming
+  // past pipeline_depth then takes one op in per answer without waking a pool thread for each,
+  // which cost more CPU than the task itself. Not from inside such a run (a task that completes
+  // at once would chain them without bound), and not past ops already waiting for a thread.
   void finish(engine_op* op) {
     bool notify = false;
     bool wake_waiters = false;
+    engine_op* run_here = nullptr;
     {
       std::lock_guard lk(m_);
+      const bool none_ready = ready_.empty();
       key_link* links = op->links();
       const bool streamed = op->passed;  // a pipelined op whose task let its key go already
       op->passed = true;
@@ -389,10 +396,24 @@ class engine {
       // wait_key (per-key counts) whenever one is waiting. Waking a wait_all per finished op
       // would bounce its thread once per op.
       wake_waiters = in_flight_ == 0 || key_waiters_ > 0;
+      if (notify && none_ready && ready_.size() == 1 && ready_.top()->pipelined &&
+          running_here_ == 0 && !stop_) {
+        run_here = ready_.top();
+        ready_.pop();
+        notify = false;
+      }
     }
     if (notify) cv_.notify_one();
     if (wake_waiters) idle_cv_.notify_all();
+    if (run_here) {
+      ++running_here_;
+      execute(run_here);
+      --running_here_;
+    }
   }
+
+  // Pipelined ops this thread runs from finish (0 or 1: such a run does not start another).
+  static inline thread_local int running_here_ = 0;
 
   // How many keys ahead an op over many keys prefetches their slots.
   static constexpr std::size_t prefetch_ahead = 8;
