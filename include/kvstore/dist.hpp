@@ -802,9 +802,9 @@ class KVStore<dist, T> {
             large_bufs.push_back(bufs[i]);
           }
         }
-        out.repeats = plan.repeats();
+        out.repeats = plan.info.repeats;
       } else {
-        detail::call_plans::plan* plan = plans.start(ks, impl_->keys.size_locked());
+        detail::call_plans::plan* plan = plans.start(ks, impl_->keys.size_locked(), now);
         bool named = false;
         const std::uint64_t stamp = ++impl_->batch_calls;
         for (std::size_t i = 0; i < ks.size(); ++i) {
@@ -825,7 +825,7 @@ class KVStore<dist, T> {
             large_bufs.push_back(bufs[i]);
           }
         }
-        if (plan && !named) plans.finish(*plan, out.repeats, now);  // else never followed
+        if (plan && !named) plans.finish(*plan, out.repeats);  // else never followed
       }
     }
     if (!large.empty())

@@ -40,13 +40,13 @@ call call_of(std::int64_t first, std::size_t n) {
 // Plans `c` as the worker's full path does (each key's "record" a distinct fake address): its
 // first call is remembered, its second planned.
 void plan(call_plans& plans, const call& c, std::size_t held, call_plans::version v = {}) {
-  auto* p = plans.start(c.keys, held);
-  if (!p) p = plans.start(c.keys, held);
+  auto* p = plans.start(c.keys, held, v);
+  if (!p) p = plans.start(c.keys, held, v);
   REQUIRE(p != nullptr);
   for (std::size_t i = 0; i < c.keys.size(); ++i)
     p->add({reinterpret_cast<key_record*>(0x1000 + 64 * c.keys[i].id()), c.keys[i].id(),
             c.bufs[i].size(), static_cast<int>(i % 2), i % 5 != 0});
-  plans.finish(*p, false, v);
+  plans.finish(*p, false);
 }
 
 const call_plans::plan* follow(call_plans& plans, const call& c, call_plans::version v = {}) {
@@ -85,25 +85,29 @@ TEST_CASE("a call follows its plan only with the same keys, sizes and version" *
   resized.bufs[500] = buf(storage.data(), 4);
   CHECK(follow(plans, resized) == nullptr);
 
-  // A key removed, or the compression changed, since the plan: not followed, planned afresh.
+  // A key removed, or the compression changed, since the plan: not followed, and every plan
+  // made before is dropped.
+  CHECK(plans.entries() == 1000);
   CHECK(follow(plans, a, {1, 0}) == nullptr);
+  CHECK(plans.entries() == 0);
   CHECK(follow(plans, a, {0, 7}) == nullptr);
   plan(plans, a, 1000, {1, 7});
   CHECK(follow(plans, a, {1, 7}) != nullptr);
+  CHECK(plans.entries() == 1000);
   CHECK(follow(plans, a) == nullptr);
-  CHECK(plans.entries() == 1000);  // planned again in place of the old plan, not beside it
+  CHECK(plans.entries() == 0);
 }
 
 TEST_CASE("a key list is planned when called again; an unfinished plan is never followed" *
           doctest::timeout(10)) {
   call_plans plans;
   const call a = call_of(0, 100), b = call_of(1, 100);
-  CHECK(plans.start(a.keys, 1000) == nullptr);  // called once: remembered only
-  CHECK(plans.start(b.keys, 1000) == nullptr);
+  CHECK(plans.start(a.keys, 1000, {}) == nullptr);  // called once: remembered only
+  CHECK(plans.start(b.keys, 1000, {}) == nullptr);
   CHECK(plans.entries() == 0);
-  auto* p = plans.start(a.keys, 1000);  // again: planned
+  auto* p = plans.start(a.keys, 1000, {});  // again: planned
   REQUIRE(p != nullptr);
-  CHECK(plans.start(a.keys, 1000) == p);  // the same plan, filled afresh
+  CHECK(plans.start(a.keys, 1000, {}) == p);  // the same plan, filled afresh
   // A call naming a key by name: the worker never finishes the plan it started.
   CHECK(follow(plans, a) == nullptr);
   // A planned call whose key is now named (same id): not followed.
@@ -135,6 +139,12 @@ TEST_CASE("several key lists stay planned; the least lately followed makes room"
   CHECK(follow(plans, calls[1]) == nullptr);
   for (std::size_t i = 0; i < lists; ++i)
     if (i != 1) CHECK(follow(plans, calls[i]) != nullptr);
+  // Lists called once (sparse rows) are only remembered: however many, no plan makes room.
+  for (std::size_t i = 0; i < 4 * lists; ++i)
+    CHECK(plans.start(call_of(static_cast<std::int64_t>(500000 + 1000 * i), 100).keys, 100000,
+                      {}) == nullptr);
+  for (std::size_t i = 0; i <= lists; ++i)
+    if (i != 1) CHECK(follow(plans, calls[i]) != nullptr);
 }
 
 TEST_CASE("the plans keep at most twice the keys held" * doctest::timeout(10)) {
@@ -148,6 +158,8 @@ TEST_CASE("the plans keep at most twice the keys held" * doctest::timeout(10)) {
   }
   CHECK(follow(plans, calls[7]) != nullptr);  // the newest is kept
   CHECK(follow(plans, calls[0]) == nullptr);  // the oldest made room
+  // It kept its signature: called again, it is planned at once.
+  CHECK(plans.start(calls[0].keys, 1000, {}) != nullptr);
   // A call larger than the bound is still planned (alone).
   const call big = call_of(50000, 3000);
   plan(plans, big, 1000);

@@ -124,3 +124,18 @@ TEST_CASE("the plans keep at most max_plans lists and twice the held slices in p
   }
   CHECK(p.lists() == plans_t::max_plans);
 }
+
+TEST_CASE("frames seen once never push a plan out" * doctest::timeout(10)) {
+  plans_t p;
+  std::vector<frame> planned;
+  for (std::size_t i = 0; i < plans_t::max_plans; ++i) {
+    planned.push_back(frame_of(100'000 + 100 * i, plans_t::min_keys));
+    found(p, planned.back());
+    found(p, planned.back());
+  }
+  // A peer's ever new frames (or sparse rows): remembered, each in place of an older memory.
+  for (std::size_t i = 0; i < 3 * plans_t::max_plans; ++i)
+    found(p, frame_of(500'000 + 100 * i, plans_t::min_keys));
+  CHECK(p.lists() == plans_t::max_plans);
+  for (const frame& f : planned) CHECK(find(p, f) != nullptr);
+}
