@@ -396,8 +396,9 @@ class engine {
       // wait_key (per-key counts) whenever one is waiting. Waking a wait_all per finished op
       // would bounce its thread once per op.
       wake_waiters = in_flight_ == 0 || key_waiters_ > 0;
-      if (notify && none_ready && ready_.size() == 1 && ready_.top()->pipelined &&
-          running_here_ == 0 && !stop_) {
+      // (ready_ was empty and now holds one op: this finish made it ready.)
+      if (none_ready && ready_.size() == 1 && ready_.top()->pipelined && running_here_ == 0 &&
+          !stop_) {
         run_here = ready_.top();
         ready_.pop();
         notify = false;
