@@ -2,8 +2,9 @@
 # Runs every test: builds everything in build/ and runs ctest, then runs SANITIZER_TESTS again
 # under ThreadSanitizer (build-tsan/) and Address+UndefinedBehavior sanitizers (build-asan/),
 # then a --quick smoke run of each benchmark. Exits non-zero if anything failed.
-# Environment: JOBS (default: nproc); KVSTORE_DROP_OBJECTS=1 (set by .ci/run) deletes each build
-# tree's object files once its tests ran, so a full run fits in about 3 GB of free disk instead of 5.
+# Environment: JOBS (default: nproc); KVSTORE_DROP_OBJECTS=1 (set by .ci/run) deletes build/'s
+# object files once it is built and each sanitizer tree's once its tests ran: a full run then
+# needs about 3.5 GB free at its peak (build/ just built) instead of 5, and leaves about 2 GB.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
