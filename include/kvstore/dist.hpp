@@ -757,7 +757,15 @@ class KVStore<dist, T> {
     std::vector<std::shared_ptr<detail::batch<Buf>>> small;
     bool repeats = false;  // a small key named twice: they go in one batch (submit_small)
     std::vector<detail::key_group<record*, Buf>> large;
-    std::size_t batches() const noexcept { return repeats ? 1 : small.size(); }
+    // Or a call that follows a plan of distinct keys, all batched: its batches are cut from the
+    // plan's entries (and `bufs`) as they are submitted, so the first is on the wire while the
+    // next are built, and no lock is held meanwhile.
+    std::shared_ptr<const std::vector<detail::call_plans::key_entry>> planned;
+    std::span<const Buf> bufs;
+    std::size_t batches() const noexcept {
+      if (planned) return (planned->size() + batch_keys - 1) / batch_keys;
+      return repeats ? 1 : small.size();
+    }
   };
   // Keys per batch (one engine op): a call's first batch goes out while the next is queued, and
   // the buffers of one stay well below what malloc maps afresh per call.
@@ -791,7 +799,10 @@ class KVStore<dist, T> {
       const detail::call_plans::version now{impl_->keys.removals_locked(),
                                             detail::packed(impl_->reqs.store_compression())};
       const auto* followed = pull || !impl_->left ? plans.find(ks, bufs, now) : nullptr;
-      if (followed) {
+      if (followed && followed->info.all_batched && !followed->info.repeats) {
+        out.planned = followed->shared_entries();
+        out.bufs = bufs;
+      } else if (followed) {
         const detail::call_plans::plan& plan = *followed;
         for (std::size_t i = 0; i < ks.size(); ++i) {
           const detail::call_plans::key_entry& e = plan[i];
@@ -825,7 +836,7 @@ class KVStore<dist, T> {
             large_bufs.push_back(bufs[i]);
           }
         }
-        if (plan && !named) plans.finish(*plan, out.repeats);  // else never followed
+        if (plan && !named) plans.finish(*plan, out.repeats, large.empty());  // else never followed
       }
     }
     if (!large.empty())
@@ -840,6 +851,17 @@ class KVStore<dist, T> {
   template <class Buf, class Run>
   void submit_small(split_call<Buf>& c, int priority, const std::shared_ptr<detail::op_state>& st,
                     Run run) {
+    if (c.planned) {
+      const auto& plan = *c.planned;
+      for (std::size_t lo = 0; lo < plan.size(); lo += batch_keys) {
+        const std::size_t hi = std::min(plan.size(), lo + batch_keys);
+        auto b = std::make_shared<detail::batch<Buf>>(0, hi - lo);
+        for (std::size_t i = lo; i < hi; ++i)
+          b->entries.push_back({plan[i].rec, c.bufs[i], plan[i].id, plan[i].total, plan[i].server});
+        submit_batch(std::move(b), priority, st, run);
+      }
+      return;
+    }
     if (c.small.empty()) return;
     if (c.repeats) {
       std::size_t n = 0;

@@ -239,3 +239,58 @@ TEST_CASE(
     expect(6.5f, "pulled after leaving");
   });
 }
+
+TEST_CASE(
+    "a followed call of several batches sends them in turn, in order with one-key ops issued "
+    "between; a plan holding a big key is followed too" *
+    doctest::timeout(120)) {
+  kvtest::cluster c(kvtest::test_options(1, 2));
+  c.run_workers([&](KVStore<dist>& kv) {
+    constexpr std::size_t n = 80000;  // over two batches of batch_keys (32,768) each
+    auto m = keys_of(0, n, 1, 0.0f);  // 1 to 3 floats each, key i starting at i % 5
+    kv.init(m.keys, m.in());
+    kv.set_optimizer(kvstore::optim::add{});  // w += g: every push counts
+    auto ones = keys_of(0, n, 1, 0.0f);
+    for (auto& v : ones.values) std::fill(v.begin(), v.end(), 1.0f);
+    // Remembered, then planned; the next two follow the plan. Between them, none waited for,
+    // a push and a pull of a key in the third batch.
+    kv.push(ones.keys, ones.in()).wait();
+    kv.push(ones.keys, ones.in()).wait();
+    constexpr std::size_t k = 70000;
+    std::vector<float> ten(m.values[k].size(), 10.0f), out(ten.size());
+    auto first = kv.push(ones.keys, ones.in());
+    kv.push(static_cast<std::int64_t>(k), ten);
+    auto one = kv.pull(static_cast<std::int64_t>(k), out);
+    auto second = kv.push(ones.keys, ones.in());
+    first.wait();
+    second.wait();
+    one.wait();
+    CHECK(out == filled(out.size(), 0 + 3 + 10.0f));  // k % 5 == 0; three pushes and ten
+    // Pulls: remembered, planned, followed; each sees all four pushes and the ten.
+    for (int i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      auto got = keys_of(0, n, 1, -1.0f);
+      kv.pull(m.keys, got.out()).wait();
+      for (std::size_t j = 0; j < n; ++j)
+        REQUIRE(got.values[j] == filled(got.values[j].size(),
+                                        static_cast<float>(j % 5) + 4 + (j == k ? 10.0f : 0.0f)));
+    }
+    // A list with a big key (past batch_value_bytes: an op of its own) follows its plan as
+    // before: its small keys batched, the big one alone.
+    auto small = keys_of(200000, 100, 1, 0.0f);
+    small.keys.emplace_back(300000);
+    small.values.emplace_back(5000, 0.0f);
+    kv.init(small.keys, small.in());
+    auto grads = small;
+    for (auto& v : grads.values) std::fill(v.begin(), v.end(), 0.5f);
+    for (int i = 0; i < 3; ++i) kv.push(grads.keys, grads.in()).wait();
+    for (int i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      auto got = small;
+      for (auto& v : got.values) std::fill(v.begin(), v.end(), -1.0f);
+      kv.pull(small.keys, got.out()).wait();
+      for (std::size_t j = 0; j < small.keys.size(); ++j)
+        REQUIRE(got.values[j] == filled(got.values[j].size(), small.values[j][0] + 1.5f));
+    }
+  });
+}

@@ -166,3 +166,34 @@ TEST_CASE("the plans keep at most twice the keys held" * doctest::timeout(10)) {
   CHECK(follow(plans, big) != nullptr);
   CHECK(plans.entries() == 3000);
 }
+
+TEST_CASE("a plan's entries, shared, outlive the plan; what the call was keeps with it" *
+          doctest::timeout(10)) {
+  call_plans plans;
+  const call c = call_of(100, 50);
+  auto* p = plans.start(c.keys, 1000, {});
+  CHECK(p == nullptr);  // remembered
+  p = plans.start(c.keys, 1000, {});
+  REQUIRE(p != nullptr);
+  for (std::size_t i = 0; i < c.keys.size(); ++i)
+    p->add({nullptr, c.keys[i].id(), c.bufs[i].size(), 0, true});
+  plans.finish(*p, /*repeats=*/false, /*all_batched=*/true);
+  const auto* followed = follow(plans, c);
+  REQUIRE(followed != nullptr);
+  CHECK(followed->info.all_batched);
+  CHECK_FALSE(followed->info.repeats);
+  const auto shared = followed->shared_entries();
+  // A new version drops every plan; the shared entries stay whole, and no longer count.
+  CHECK(follow(plans, c, {1, 0}) == nullptr);
+  CHECK(plans.entries() == 0);
+  REQUIRE(shared->size() == 50);
+  for (std::size_t i = 0; i < 50; ++i) CHECK((*shared)[i].id == c.keys[i].id());
+  // Planned anew (all_batched not said: false), the old entries are still not touched.
+  plan(plans, c, 1000, {1, 0});
+  const auto* again = follow(plans, c, {1, 0});
+  REQUIRE(again != nullptr);
+  CHECK_FALSE(again->info.all_batched);
+  CHECK(again->shared_entries() != shared);
+  CHECK((*shared)[49].id == c.keys[49].id());
+  CHECK((*shared)[49].rec == nullptr);
+}

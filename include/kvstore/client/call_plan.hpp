@@ -41,7 +41,8 @@ class call_plans {
   };
 
   struct call_info {
-    bool repeats = false;  // a key was named twice in the call
+    bool repeats = false;      // a key was named twice in the call
+    bool all_batched = false;  // every key travels in a batch
   };
 
   /// Plans kept per kind of call: a few key lists a training step calls in turn.
@@ -71,9 +72,11 @@ class call_plans {
     return plans_.start(signature_of(ks), ks.size(), held);
   }
 
-  /// `p`'s call was found good: later calls may follow it. `repeats`: a key was named twice.
-  void finish(plan& p, bool repeats) noexcept {
+  /// `p`'s call was found good: later calls may follow it. `repeats`: a key was named twice;
+  /// `all_batched`: every key travels in a batch.
+  void finish(plan& p, bool repeats, bool all_batched = false) noexcept {
     p.info.repeats = repeats;
+    p.info.all_batched = all_batched;
     plans_.finish(p);
   }
 

@@ -18,6 +18,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace kvstore::detail {
@@ -45,19 +46,20 @@ struct no_list_info {};
 template <class Entry, class Version, std::size_t MaxLists, class Info = no_list_info>
 class list_plans {
  public:
-  static constexpr std::size_t max_lists = MaxLists;
-
   // Room for every plan at once: a plan never moves, so a plan found stays valid until the
   // next start() or valid_at() that drops it.
   list_plans() { plans_.reserve(MaxLists); }
 
   class plan {
    public:
-    const Entry& operator[](std::size_t i) const noexcept { return entries_[i]; }
-    std::size_t size() const noexcept { return entries_.size(); }
-    const std::vector<Entry>& entries() const noexcept { return entries_; }
+    const Entry& operator[](std::size_t i) const noexcept { return (*entries_)[i]; }
+    std::size_t size() const noexcept { return entries_->size(); }
+    const std::vector<Entry>& entries() const noexcept { return *entries_; }
+    /// The entries, shared: whoever holds them may read them outside the user's lock, after
+    /// the plan is dropped or made anew (which replaces them, never changes them once finished).
+    std::shared_ptr<const std::vector<Entry>> shared_entries() const noexcept { return entries_; }
     /// The list's next key, as the pass found it.
-    void add(const Entry& e) { entries_.push_back(e); }
+    void add(const Entry& e) { entries_->push_back(e); }
     Info info{};
 
    private:
@@ -65,7 +67,7 @@ class list_plans {
     list_signature sig_;
     std::uint64_t used_ = 0;  // the clock when last made or followed
     bool ready_ = false;      // finished and not dropped: lists may follow it
-    std::vector<Entry> entries_;
+    std::shared_ptr<std::vector<Entry>> entries_ = std::make_shared<std::vector<Entry>>();
   };
 
   /// True when the plans were made at `v`; else drops them all (and the remembered lists) and
@@ -106,7 +108,7 @@ class list_plans {
     p->sig_ = sig;
     p->used_ = ++clock_;
     make_room(n, held, p);
-    p->entries_.reserve(n);
+    p->entries_->reserve(n);
     return p;
   }
 
@@ -119,7 +121,7 @@ class list_plans {
   /// Entries the plans hold room for (their memory).
   std::size_t entries() const noexcept {
     std::size_t n = 0;
-    for (const plan& p : plans_) n += p.entries_.capacity();
+    for (const plan& p : plans_) n += p.entries_->capacity();
     return n;
   }
   /// Lists planned (finished, being filled, or dropped for room and kept by signature).
@@ -136,7 +138,7 @@ class list_plans {
   plan* least_used(const plan* keep, bool with_entries = false) noexcept {
     plan* oldest = nullptr;
     for (plan& p : plans_) {
-      if (&p == keep || (with_entries && p.entries_.capacity() == 0)) continue;
+      if (&p == keep || (with_entries && p.entries_->capacity() == 0)) continue;
       if (!oldest || p.used_ < oldest->used_) oldest = &p;
     }
     return oldest;
@@ -151,8 +153,10 @@ class list_plans {
     while (kept + n > bound) {
       plan* oldest = least_used(keep, /*with_entries=*/true);
       if (!oldest) break;
-      kept -= oldest->entries_.capacity();
-      oldest->entries_ = std::vector<Entry>();  // (= {} would clear and keep the memory)
+      kept -= oldest->entries_->capacity();
+      // A new array: the old one's memory goes (once no reader shares it; clearing it would
+      // keep the memory).
+      oldest->entries_ = std::make_shared<std::vector<Entry>>();
       oldest->ready_ = false;
     }
   }
