@@ -25,9 +25,9 @@ namespace kvstore::detail {
 template <class Slice>
 class frame_plans {
  public:
-  /// Key lists planned (and as many more remembered, seen once): frames of a 1e6-key call at
-  /// the default chunk_bytes are about 30 per server.
-  static constexpr std::size_t max_plans = 128;
+  /// Key lists planned (and as many more remembered, seen once): a 1e6-key call is 245 frames
+  /// (client/batch.hpp: batch_frame_keys), over its servers.
+  static constexpr std::size_t max_plans = 512;
   /// A frame of fewer keys is always looked up: its misses are few, and a plan's search is not.
   static constexpr std::size_t min_keys = 32;
 
