@@ -34,6 +34,12 @@ struct many {
   std::vector<std::span<float>> out() {
     return std::vector<std::span<float>>(values.begin(), values.end());
   }
+  // The same keys and sizes, every element x.
+  many all(float x) const {
+    many m = *this;
+    for (auto& v : m.values) std::fill(v.begin(), v.end(), x);
+    return m;
+  }
 };
 many keys_of(std::int64_t first, std::size_t n, std::size_t len, float v) {
   many m;
@@ -90,8 +96,7 @@ TEST_CASE("per-key order holds between batched and one-key ops on the same keys"
       auto m = keys_of(500, 300, 1, 0.0f);
       kv.init(m.keys, m.in());
       kv.set_optimizer(kvstore::optim::add{});  // w += g: every push counts
-      auto ones = keys_of(500, 300, 1, 0.0f);
-      for (auto& v : ones.values) std::fill(v.begin(), v.end(), 1.0f);
+      const auto ones = keys_of(500, 300, 1, 0.0f).all(1.0f);
       std::vector<float> one(m.values[7].size(), 10.0f), out7(one.size());
       // Issued back to back, none waited for: one-key push, batched push, one-key pull, batched
       // push, batched pull. Each sees exactly the pushes issued before it.
@@ -191,8 +196,7 @@ TEST_CASE(
     auto m = keys_of(0, n, 1, 0.0f);  // 1 to 3 floats each
     kv.init(m.keys, m.in());
     kv.set_optimizer(kvstore::optim::add{});  // w += g: every push counts
-    auto ones = keys_of(0, n, 1, 0.0f);
-    for (auto& v : ones.values) std::fill(v.begin(), v.end(), 1.0f);
+    const auto ones = keys_of(0, n, 1, 0.0f).all(1.0f);
     auto got = keys_of(0, n, 1, -1.0f);
     auto expect = [&](float plus, const std::string& when) {
       kv.pull(m.keys, got.out()).wait();
@@ -220,11 +224,7 @@ TEST_CASE(
     expect(5, "after a refused push and two more");
     // A compression set since the plan: the planned keys now travel 2-bit, one by one. With
     // threshold 0.5, 0.3 sends 0 (and keeps 0.3 as residual); plain would have added 0.3.
-    const auto third = [&] {
-      auto t = keys_of(0, n, 1, 0.0f);
-      for (auto& v : t.values) std::fill(v.begin(), v.end(), 0.3f);
-      return t;
-    }();
+    const auto third = keys_of(0, n, 1, 0.0f).all(0.3f);
     kv.set_gradient_compression({kvstore::compression::two_bit, 0.5f});
     kv.push(ones.keys, third.in()).wait();
     expect(5, "after a 2-bit push of 0.3 (sends 0)");
@@ -250,8 +250,7 @@ TEST_CASE(
     auto m = keys_of(0, n, 1, 0.0f);  // 1 to 3 floats each, key i starting at i % 5
     kv.init(m.keys, m.in());
     kv.set_optimizer(kvstore::optim::add{});  // w += g: every push counts
-    auto ones = keys_of(0, n, 1, 0.0f);
-    for (auto& v : ones.values) std::fill(v.begin(), v.end(), 1.0f);
+    const auto ones = keys_of(0, n, 1, 0.0f).all(1.0f);
     // Remembered, then planned; the next two follow the plan. Between them, none waited for,
     // a push and a pull of a key in the third batch.
     kv.push(ones.keys, ones.in()).wait();
@@ -281,13 +280,11 @@ TEST_CASE(
     small.keys.emplace_back(300000);
     small.values.emplace_back(5000, 0.0f);
     kv.init(small.keys, small.in());
-    auto grads = small;
-    for (auto& v : grads.values) std::fill(v.begin(), v.end(), 0.5f);
+    const auto grads = small.all(0.5f);
     for (int i = 0; i < 3; ++i) kv.push(grads.keys, grads.in()).wait();
     for (int i = 0; i < 3; ++i) {
       CAPTURE(i);
-      auto got = small;
-      for (auto& v : got.values) std::fill(v.begin(), v.end(), -1.0f);
+      auto got = small.all(-1.0f);
       kv.pull(small.keys, got.out()).wait();
       for (std::size_t j = 0; j < small.keys.size(); ++j)
         REQUIRE(got.values[j] == filled(got.values[j].size(), small.values[j][0] + 1.5f));
