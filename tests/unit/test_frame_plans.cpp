@@ -137,5 +137,42 @@ TEST_CASE("frames seen once never push a plan out" * doctest::timeout(10)) {
   for (std::size_t i = 0; i < 3 * plans_t::max_plans; ++i)
     found(p, frame_of(500'000 + 100 * i, plans_t::min_keys));
   CHECK(p.lists() == plans_t::max_plans);
+  CHECK(p.remembered() <= plans_t::max_plans);
   for (const frame& f : planned) CHECK(find(p, f) != nullptr);
+}
+
+TEST_CASE("a list that made room, or was forgotten, is planned again when it comes back" *
+          doctest::timeout(10)) {
+  plans_t p;
+  std::vector<frame> planned;
+  for (std::size_t i = 0; i <= plans_t::max_plans; ++i) {
+    planned.push_back(frame_of(100'000 + 100 * i, plans_t::min_keys));
+    found(p, planned.back());
+    found(p, planned.back());
+  }
+  // The last one took the first one's place (the least lately used).
+  const frame& first = planned.front();
+  CHECK(find(p, first) == nullptr);
+  CHECK(find(p, planned.back()) != nullptr);
+  // The first comes back: it kept no memory of being planned, so it is remembered, then
+  // planned, and found again; the list whose place it took is not.
+  found(p, first);
+  CHECK(find(p, first) == nullptr);
+  found(p, first);
+  CHECK(find(p, first) != nullptr);
+  CHECK(find(p, planned[1]) == nullptr);
+  for (std::size_t i = 2; i < planned.size(); ++i) CHECK(find(p, planned[i]) != nullptr);
+  CHECK(p.lists() == plans_t::max_plans);
+
+  // A list seen once is forgotten after max_plans other lists were seen once since.
+  const frame once = frame_of(900'000, plans_t::min_keys);
+  found(p, once);
+  for (std::size_t i = 0; i < plans_t::max_plans; ++i)
+    found(p, frame_of(1'000'000 + 100 * i, plans_t::min_keys));
+  found(p, once);  // seen "once" again: remembered only
+  CHECK(find(p, once) == nullptr);
+  CHECK(p.remembered() == plans_t::max_plans);
+  found(p, once);
+  CHECK(find(p, once) != nullptr);
+  CHECK(p.remembered() == plans_t::max_plans - 1);
 }

@@ -5,6 +5,8 @@
 // server's batched frames (server/frame_plans.hpp). The rules they share live here:
 // - a list is told apart in constant time by its signature (length, a tag, three of its ids),
 //   which is only a hint: the user compares each key with its entry before trusting it;
+// - a signature is found in constant time however many lists are kept: plans and remembered
+//   signatures are indexed by a hash of it (a server keeps hundreds, and looks up every frame);
 // - a list is remembered the first time and planned the second, so lists that never repeat
 //   (sparse rows) cost nothing more and never push a plan out;
 // - bounded whatever comes: at most MaxLists plans and MaxLists remembered signatures, and the
@@ -13,6 +15,8 @@
 // - every plan is made at a version the user names (what could change what a pass found); a new
 //   version drops them all, since their entries may point at what is gone.
 #pragma once
+
+#include <kvstore/detail/flat_index.hpp>
 
 #include <algorithm>
 #include <array>
@@ -36,6 +40,16 @@ struct list_signature {
     if (n == 0) return {0, tag};
     return {n, tag, id(std::size_t{0}), id(n / 2), id(n - 1)};
   }
+
+  /// 64 well-mixed bits of the signature (two signatures may share them).
+  std::uint64_t hash() const noexcept {
+    std::uint64_t h = n;
+    for (std::uint64_t w : {tag, first, middle, last}) {
+      h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+    return h;
+  }
 };
 
 /// A plan that keeps nothing about its list beyond its entries.
@@ -48,7 +62,10 @@ class list_plans {
  public:
   // Room for every plan at once: a plan never moves, so a plan found stays valid until the
   // next start() or valid_at() that drops it.
-  list_plans() { plans_.reserve(MaxLists); }
+  list_plans() {
+    plans_.reserve(MaxLists);
+    reserve_indexes();
+  }
 
   class plan {
    public:
@@ -76,6 +93,9 @@ class list_plans {
     if (v == version_) return true;
     plans_.clear();
     seen_.fill(list_signature{});
+    plan_index_.clear();
+    seen_index_.clear();
+    reserve_indexes();
     version_ = v;
     return false;
   }
@@ -96,13 +116,22 @@ class list_plans {
   plan* start(const list_signature& sig, std::size_t n, std::size_t held) {
     plan* p = of(sig);
     if (!p) {
-      auto seen = std::find(seen_.begin(), seen_.end(), sig);
-      if (seen == seen_.end()) {
-        seen_[next_seen_++ % seen_.size()] = sig;
+      list_signature* seen = seen_index_.find(sig.hash());
+      if (!seen || *seen != sig) {
+        remember(sig);
         return nullptr;
       }
+      seen_index_.erase(sig.hash());
       *seen = list_signature{};
-      p = plans_.size() < MaxLists ? &plans_.emplace_back() : least_used(nullptr);
+      if (plans_.size() < MaxLists) {
+        p = &plans_.emplace_back();
+      } else {
+        p = least_used(nullptr);
+        unindex(plan_index_, p->sig_, p);
+      }
+      // Another list's signature of the same hash keeps the index: this plan is then never
+      // found, and goes as the least lately used.
+      plan_index_.insert(sig.hash(), p);
     }
     *p = plan{};
     p->sig_ = sig;
@@ -126,12 +155,32 @@ class list_plans {
   }
   /// Lists planned (finished, being filled, or dropped for room and kept by signature).
   std::size_t lists() const noexcept { return plans_.size(); }
+  /// Lists remembered, seen once lately and not planned (at most MaxLists).
+  std::size_t remembered() const noexcept { return seen_index_.size(); }
 
  private:
   plan* of(const list_signature& sig) noexcept {
-    for (plan& p : plans_)
-      if (p.sig_ == sig) return &p;
-    return nullptr;
+    plan* p = plan_index_.find(sig.hash());
+    return p && p->sig_ == sig ? p : nullptr;
+  }
+
+  // Remembers `sig` in the place of the signature remembered longest ago.
+  void remember(const list_signature& sig) {
+    list_signature& place = seen_[next_seen_++ % seen_.size()];
+    unindex(seen_index_, place, &place);
+    place = sig;
+    seen_index_.insert(sig.hash(), &place);  // a hash taken: not remembered
+  }
+
+  // Takes `sig`'s hash out of `index` if it names `at` there (not another of the same hash).
+  template <class V>
+  static void unindex(flat_index<V>& index, const list_signature& sig, const V* at) noexcept {
+    if (index.find(sig.hash()) == at) index.erase(sig.hash());
+  }
+
+  void reserve_indexes() {
+    plan_index_.reserve(MaxLists + 1);
+    seen_index_.reserve(MaxLists + 1);
   }
 
   // The least lately used plan other than `keep`, holding entries when `with_entries`.
@@ -163,6 +212,8 @@ class list_plans {
 
   std::vector<plan> plans_;                      // at most MaxLists, reserved: they never move
   std::array<list_signature, MaxLists> seen_{};  // lists seen once lately, not planned
+  flat_index<plan> plan_index_;                  // plans_ by their signatures' hashes
+  flat_index<list_signature> seen_index_;        // seen_ by hash
   std::size_t next_seen_ = 0;
   std::uint64_t clock_ = 0;
   Version version_{};

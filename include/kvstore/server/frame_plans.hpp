@@ -62,6 +62,8 @@ class frame_plans {
   std::size_t pointers() const noexcept { return plans_.entries(); }
   /// Key lists planned.
   std::size_t lists() const noexcept { return plans_.lists(); }
+  /// Key lists remembered, seen once.
+  std::size_t remembered() const noexcept { return plans_.remembered(); }
 
  private:
   static list_signature signature_of(const wire::batch_entries& e, wire::dtype type) {
