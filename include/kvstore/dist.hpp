@@ -836,7 +836,7 @@ class KVStore<dist, T> {
             large_bufs.push_back(bufs[i]);
           }
         }
-        if (plan && !named) plans.finish(*plan, out.repeats, large.empty());  // else never followed
+        if (plan && !named) plans.finish(*plan, out.repeats);  // else never followed
       }
     }
     if (!large.empty())

@@ -177,7 +177,7 @@ TEST_CASE("a plan's entries, shared, outlive the plan; what the call was keeps w
   REQUIRE(p != nullptr);
   for (std::size_t i = 0; i < c.keys.size(); ++i)
     p->add({nullptr, c.keys[i].id(), c.bufs[i].size(), 0, true});
-  plans.finish(*p, /*repeats=*/false, /*all_batched=*/true);
+  plans.finish(*p, /*repeats=*/false);
   const auto* followed = follow(plans, c);
   REQUIRE(followed != nullptr);
   CHECK(followed->info.all_batched);
@@ -188,7 +188,8 @@ TEST_CASE("a plan's entries, shared, outlive the plan; what the call was keeps w
   CHECK(plans.entries() == 0);
   REQUIRE(shared->size() == 50);
   for (std::size_t i = 0; i < 50; ++i) CHECK((*shared)[i].id == c.keys[i].id());
-  // Planned anew (all_batched not said: false), the old entries are still not touched.
+  // Planned anew (every fifth key not batched, so not all_batched), the old entries are still
+  // not touched.
   plan(plans, c, 1000, {1, 0});
   const auto* again = follow(plans, c, {1, 0});
   REQUIRE(again != nullptr);

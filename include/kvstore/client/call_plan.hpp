@@ -15,6 +15,7 @@
 #include <kvstore/detail/list_plans.hpp>
 #include <kvstore/key.hpp>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -72,11 +73,11 @@ class call_plans {
     return plans_.start(signature_of(ks), ks.size(), held);
   }
 
-  /// `p`'s call was found good: later calls may follow it. `repeats`: a key was named twice;
-  /// `all_batched`: every key travels in a batch.
-  void finish(plan& p, bool repeats, bool all_batched = false) noexcept {
+  /// `p`'s call was found good: later calls may follow it. `repeats`: a key was named twice.
+  void finish(plan& p, bool repeats) noexcept {
     p.info.repeats = repeats;
-    p.info.all_batched = all_batched;
+    p.info.all_batched = std::all_of(p.entries().begin(), p.entries().end(),
+                                     [](const key_entry& e) { return e.batched; });
     plans_.finish(p);
   }
 
