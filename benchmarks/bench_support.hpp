@@ -41,6 +41,21 @@ struct result {
 };
 inline std::vector<result> results;
 
+/// The options every benchmark takes: --quick (tiny sizes, no targets judged) and --json FILE.
+struct common_options {
+  bool quick = false;
+  std::string json;
+  /// Takes argv[i] (and --json's file name, advancing i) if it is one of them; false for a
+  /// benchmark's own options.
+  bool take(int& i, int argc, char** argv) {
+    const std::string a = argv[i];
+    if (a == "--quick") return quick = true;
+    if (a != "--json" || i + 1 >= argc) return false;
+    json = argv[++i];
+    return true;
+  }
+};
+
 inline std::string json_escape(const std::string& s) {
   std::string o;
   for (char c : s) {

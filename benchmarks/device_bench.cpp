@@ -315,15 +315,12 @@ bool bench_staging(bool quick, std::size_t max_bytes, const std::vector<int>& de
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  std::string json;
+  bench::common_options opts;
   std::size_t max_mib = rt::is_cuda ? 256 : 64;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--quick") {
-      quick = true;
-    } else if (a == "--json" && i + 1 < argc) {
-      json = argv[++i];
+    if (opts.take(i, argc, argv)) {
+      continue;
     } else if (a == "--max-mib" && i + 1 < argc) {
       max_mib = static_cast<std::size_t>(std::max(1, std::atoi(argv[++i])));
     } else {
@@ -331,6 +328,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const bool quick = opts.quick;
+  const std::string& json = opts.json;
   if (rt::is_cuda && rt::device_count() == 0) {
     std::printf("device_bench: no CUDA device visible: skipped\n");
     return 77;

@@ -229,15 +229,12 @@ bool bench_small(bool quick, unsigned threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  std::string json;
+  bench::common_options opts;
   unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--quick") {
-      quick = true;
-    } else if (a == "--json" && i + 1 < argc) {
-      json = argv[++i];
+    const std::string a = argv[i];
+    if (opts.take(i, argc, argv)) {
+      continue;
     } else if (a == "--threads" && i + 1 < argc) {
       threads = static_cast<unsigned>(std::max(1, std::atoi(argv[++i])));
     } else {
@@ -245,6 +242,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const bool quick = opts.quick;
+  const std::string& json = opts.json;
   std::printf("local_bench%s: KVStore<local> vs plain loops, same run\n",
               quick ? " --quick (no targets judged)" : "");
   bool ok = true;

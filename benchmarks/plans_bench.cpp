@@ -86,19 +86,14 @@ costs measure(std::size_t lists, int frames) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  std::string json;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--quick") {
-      quick = true;
-    } else if (a == "--json" && i + 1 < argc) {
-      json = argv[++i];
-    } else {
+  bench::common_options opts;
+  for (int i = 1; i < argc; ++i)
+    if (!opts.take(i, argc, argv)) {
       std::fprintf(stderr, "usage: plans_bench [--quick] [--json FILE]\n");
       return 2;
     }
-  }
+  const bool quick = opts.quick;
+  const std::string& json = opts.json;
   const int frames = quick ? 20'000 : 400'000, reps = quick ? 3 : 9;
   std::printf("plans_bench: a server's frame plans, %zu-key frames, ns per frame (median of %d)%s\n",
               keys_per_frame, reps, quick ? " --quick (no targets judged)" : "");
