@@ -95,8 +95,9 @@ int main(int argc, char** argv) {
   const bool quick = opts.quick;
   const std::string& json = opts.json;
   const int frames = quick ? 20'000 : 400'000, reps = quick ? 3 : 9;
-  std::printf("plans_bench: a server's frame plans, %zu-key frames, ns per frame (median of %d)%s\n",
-              keys_per_frame, reps, quick ? " --quick (no targets judged)" : "");
+  std::printf(
+      "plans_bench: a server's frame plans, %zu-key frames, ns per frame (median of %d)%s\n",
+      keys_per_frame, reps, quick ? " --quick (no targets judged)" : "");
   std::printf("  lists held |  one-off  followed | x one-off  x followed (vs 8 lists)\n");
   costs base{};
   bool ok = true;
@@ -112,10 +113,10 @@ int main(int argc, char** argv) {
     std::printf("  %10zu | %8.1f  %8.1f | %9.2f  %10.2f\n", lists, c.one_off, c.followed,
                 c.one_off / base.one_off, c.followed / base.followed);
     const std::string at = " frame, " + std::to_string(lists) + " lists held";
-    bench::results.push_back({"one-off" + at, c.one_off, "ns", base.one_off,
-                              c.one_off / base.one_off});
-    bench::results.push_back({"followed" + at, c.followed, "ns", base.followed,
-                              c.followed / base.followed});
+    bench::results.push_back(
+        {"one-off" + at, c.one_off, "ns", base.one_off, c.one_off / base.one_off});
+    bench::results.push_back(
+        {"followed" + at, c.followed, "ns", base.followed, c.followed / base.followed});
     if (lists == plans_t::max_plans && !quick)
       for (double x : {c.one_off / base.one_off, c.followed / base.followed}) ok = ok && x <= 1.5;
   }
