@@ -1,13 +1,18 @@
 // client/pending.hpp: a worker's table of requests waiting for answers: ids, per-server counts
-// (what decides a direct write), deadlines, runs answered at once, and re-sends in id order.
+// (what decides a direct write), deadlines, runs answered at once, and re-sends in id order;
+// its entries reused, and detail/id_ring.hpp, the index of them by id.
 #include <kvstore/client/pending.hpp>  // first: the header is self-contained
+#include <kvstore/detail/id_ring.hpp>
 
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <random>
+#include <unordered_map>
 #include <vector>
 
 using kvstore::detail::pending_request;
@@ -98,4 +103,98 @@ TEST_CASE("request_table: deadlines, a lost peer, re-sends oldest first" * docte
   CHECK(t.in_flight(0) == 0);
   CHECK(t.in_flight(1) == 1);
   CHECK(t.in_flight(2) == 1);
+}
+
+TEST_CASE("request_table: entries are reused, stay put, and go after a peak" *
+          doctest::timeout(30)) {
+  request_table t;
+  const auto now = std::chrono::steady_clock::now();
+  // Rounds of 1,000 requests in flight, all answered: the entries of the first round serve the
+  // others (a one-key op costs no block of its own once the table is warm).
+  for (int round = 0; round < 20; ++round) {
+    const auto first = t.next_ids(1000);
+    for (std::uint64_t i = 0; i < 1000; ++i) t.add(first + i, 0, req(), now, 1000ms);
+    CHECK(t.entries() == 1000);
+    for (std::uint64_t i = 0; i < 1000; ++i) REQUIRE(t.take(first + i));
+  }
+  CHECK(t.size() == 0);
+  CHECK(t.entries() == 1000);  // kept for the next round (under kept_entries)
+
+  // A request stays where it is while others come and go around it.
+  const auto kept = t.next_ids();
+  auto r = req();
+  r.frames.resize(2);
+  t.add(kept, 1, std::move(r), now, 1000ms);
+  pending_request* at = t.find(kept);
+  REQUIRE(at != nullptr);
+  const auto many = t.next_ids(2 * request_table::kept_entries);
+  for (std::uint64_t i = 0; i < 2 * request_table::kept_entries; ++i)
+    t.add(many + i, 0, req(), now, 1000ms);
+  for (std::uint64_t i = 0; i < 2 * request_table::kept_entries; i += 2) CHECK(t.take(many + i));
+  CHECK(t.find(kept) == at);
+  CHECK(at->peer == 1);
+  CHECK(at->frames.size() == 2);
+  CHECK(t.in_flight(0) == request_table::kept_entries);
+  CHECK(t.in_flight(1) == 1);
+
+  // Past kept_entries, the entries go once no request waits (here in the middle of take_all),
+  // and the table works on as before.
+  CHECK(t.entries() > request_table::kept_entries);
+  CHECK(t.take_all().size() == request_table::kept_entries + 1);
+  CHECK(t.entries() == 0);
+  CHECK(t.in_flight(0) == 0);
+  CHECK(t.in_flight(1) == 0);
+  const auto after = t.next_ids();
+  t.add(after, 0, req(), now, 1000ms);
+  CHECK(t.find(kept) == nullptr);
+  REQUIRE(t.take(after));
+  CHECK(t.size() == 0);
+}
+
+TEST_CASE("id_ring: find, insert and erase agree with unordered_map, stragglers too" *
+          doctest::timeout(30)) {
+  kvstore::detail::id_ring<int> ring;
+  std::unordered_map<std::uint64_t, int*> truth;
+  std::vector<int> objects(64);
+  std::mt19937_64 rng(7);
+  std::uint64_t next = 1;
+  std::vector<std::uint64_t> live;
+  std::size_t max_aside = 0;
+  for (int step = 0; step < 200'000; ++step) {
+    // Up to ~300 in flight, answered mostly oldest first; one in 500 is held for long.
+    if (live.size() < 300 && rng() % 2) {
+      const std::uint64_t id = next++;
+      int* v = &objects[id % objects.size()];
+      ring.insert(id, v);
+      truth.emplace(id, v);
+      live.push_back(id);
+    } else if (!live.empty()) {
+      std::size_t i = rng() % 8 == 0 ? rng() % live.size() : 0;
+      if (live[i] % 500 == 0 && rng() % 100) i = (i + 1) % live.size();  // a straggler stays
+      const std::uint64_t id = live[i];
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+      CHECK(ring.erase(id) == truth.at(id));
+      truth.erase(id);
+      CHECK(ring.erase(id) == nullptr);  // gone
+    }
+    if (step % 97 == 0) {
+      REQUIRE(ring.size() == truth.size());
+      for (const auto& [id, v] : truth) REQUIRE(ring.find(id) == v);
+      CHECK(ring.find(next) == nullptr);  // not handed out yet
+      if (next > 4096) {                  // an id long done, or a straggler still waiting
+        const auto it = truth.find(next - 4096);
+        CHECK(ring.find(next - 4096) == (it == truth.end() ? nullptr : it->second));
+      }
+    }
+    CHECK(ring.aside() <= ring.size());
+    max_aside = std::max(max_aside, ring.aside());
+  }
+  CHECK(max_aside > 0);  // stragglers were moved aside, and found there
+  for (std::uint64_t id : live) CHECK(ring.erase(id) == truth.at(id));
+  CHECK(ring.size() == 0);
+  CHECK(ring.aside() == 0);
+  ring.clear();
+  CHECK(ring.find(1) == nullptr);
+  ring.insert(5, &objects[0]);
+  CHECK(ring.find(5) == &objects[0]);
 }

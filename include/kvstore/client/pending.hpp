@@ -2,9 +2,17 @@
 // deadline and what completes it, and how many wait on each server. worker_client
 // (client/client.hpp) joins the job and moves frames; this is the table it keeps under its lock.
 // Not thread-safe: every call is made with the owner's lock held.
+//
+// Every one-key op adds a request here on the caller's thread and the io thread takes it when
+// the answer comes (issue 12). A node per request (std::unordered_map) was a block that one
+// thread allocated and another freed, which glibc's per-thread caches do not serve: both ends
+// took malloc's slow path. The requests live instead in entries that are reused, found by id
+// in a ring (detail/id_ring.hpp: the ids in flight are nearly consecutive). Up to kept_entries stay
+// for reuse when no request waits; a table that held more frees them all then.
 #pragma once
 
 #include <kvstore/client/call.hpp>
+#include <kvstore/detail/id_ring.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/transport/out_frame.hpp>
@@ -14,13 +22,13 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -67,7 +75,17 @@ class request_table {
     r.peer = peer;
     r.timeout = r.timeout.count() ? r.timeout : default_timeout;
     r.deadline = now + r.timeout;
-    waiting_.emplace(id, std::move(r));
+    entry* e = nullptr;
+    if (free_.empty()) {
+      e = &entries_.emplace_back();
+    } else {
+      e = free_.back();
+      free_.pop_back();
+    }
+    e->id = id;
+    e->live = true;
+    e->r = std::move(r);
+    index_.insert(id, e);
     if (peer < 0) return 0;
     if (static_cast<std::size_t>(peer) >= per_server_.size())
       per_server_.resize(static_cast<std::size_t>(peer) + 1, 0);
@@ -80,22 +98,25 @@ class request_table {
                ? per_server_[static_cast<std::size_t>(peer)]
                : 0;
   }
-  std::size_t size() const noexcept { return waiting_.size(); }
+  std::size_t size() const noexcept { return index_.size(); }
 
   /// The request still waiting under `id`, or nullptr (answered, failed, or never sent).
   pending_request* find(std::uint64_t id) {
-    auto it = waiting_.find(id);
-    return it == waiting_.end() ? nullptr : &it->second;
+    entry* e = index_.find(id);
+    return e ? &e->r : nullptr;
   }
 
   /// Removes and returns request `id`, if it still waits.
   std::optional<pending_request> take(std::uint64_t id) {
-    auto it = waiting_.find(id);
-    if (it == waiting_.end()) return std::nullopt;
-    pending_request r = std::move(it->second);
-    erase(it);
-    return r;
+    entry* e = index_.find(id);
+    if (!e) return std::nullopt;
+    return take(*e);
   }
+
+  /// Entries kept for requests, waiting or free to reuse: the most that waited at once lately.
+  std::size_t entries() const noexcept { return entries_.size(); }
+  /// Entries kept for reuse while no request waits (about 250 bytes each); more are freed then.
+  static constexpr std::size_t kept_entries = 4096;
 
   /// Removes and returns those of requests [first, first + n) that still wait (one answer to
   /// fused pushes; some may have failed at their deadline). Ids never sent are a peer out of
@@ -104,15 +125,12 @@ class request_table {
     if (first == 0 || first > next_id_ || n > next_id_ - first)
       throw error(errc::protocol,
                   "an answer to " + std::to_string(n) + " requests, some of them never sent");
-    if (n > waiting_.size())
+    if (n > index_.size())
       return take_if([&](std::uint64_t id, const pending_request&) { return id - first < n; });
     std::vector<pending_request> out;
     out.reserve(static_cast<std::size_t>(n));
     for (std::uint64_t i = 0; i < n; ++i)
-      if (auto it = waiting_.find(first + i); it != waiting_.end()) {
-        out.push_back(std::move(it->second));
-        erase(it);
-      }
+      if (entry* e = index_.find(first + i)) out.push_back(take(*e));
     return out;
   }
 
@@ -134,40 +152,53 @@ class request_table {
   /// The frames kept for a re-send of the requests waiting on `peer`, oldest first.
   std::vector<std::pair<std::uint64_t, std::vector<transport::out_frame>>> frames_of(int peer) {
     std::vector<std::pair<std::uint64_t, std::vector<transport::out_frame>>> out;
-    for (auto& [id, r] : waiting_)
-      if (r.peer == peer) out.emplace_back(id, r.frames);
+    for (const entry& e : entries_)
+      if (e.live && e.r.peer == peer) out.emplace_back(e.id, e.r.frames);
     std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.first < b.first; });
     return out;
   }
 
  private:
-  using map = std::unordered_map<std::uint64_t, pending_request>;
+  struct entry {
+    std::uint64_t id = 0;
+    bool live = false;  // a request waits in it (else it is in free_)
+    pending_request r;
+  };
 
   template <class Pred>
   std::vector<pending_request> take_if(Pred pred) {
     std::vector<pending_request> out;
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      if (pred(it->first, it->second)) {
-        out.push_back(std::move(it->second));
-        it = erase(it);
-      } else {
-        ++it;
-      }
-    }
+    // By index: a take that empties the table may drop the entries (take(entry&)).
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].live && pred(entries_[i].id, entries_[i].r)) out.push_back(take(entries_[i]));
     return out;
   }
 
-  // Removes a request, keeping its server's count.
-  map::iterator erase(map::iterator it) {
-    const int peer = it->second.peer;
+  // Removes the request of a live entry and returns it, keeping its server's count; the entry
+  // is free to reuse (and all go, if more than kept_entries, once no request waits).
+  pending_request take(entry& e) {
+    const int peer = e.r.peer;
     if (peer >= 0 && static_cast<std::size_t>(peer) < per_server_.size() &&
         per_server_[static_cast<std::size_t>(peer)])
       --per_server_[static_cast<std::size_t>(peer)];
-    return waiting_.erase(it);
+    pending_request r = std::move(e.r);
+    e.r = pending_request{};  // what a moved-from request may still hold goes now
+    e.live = false;
+    index_.erase(e.id);
+    if (index_.size() == 0 && entries_.size() > kept_entries) {
+      entries_.clear();
+      free_.clear();
+      index_.clear();
+    } else {
+      free_.push_back(&e);
+    }
+    return r;
   }
 
-  map waiting_;
-  std::vector<std::size_t> per_server_;  // requests in waiting_ per server
+  std::deque<entry> entries_;            // never moves one: index_ and free_ point into it
+  std::vector<entry*> free_;             // entries no request waits in
+  id_ring<entry> index_;                 // the live entries by request id
+  std::vector<std::size_t> per_server_;  // requests waiting per server
   std::uint64_t next_id_ = 1;
 };
 
