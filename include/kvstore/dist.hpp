@@ -720,9 +720,8 @@ class KVStore<dist, T> {
             bool pipelined = false) {
     const bool fresh = !st;
     if (!st) st = new_state(1);
-    detail::engine::task_fn task = [f = std::forward<F>(f)](detail::engine::done_fn done) {
-      f(std::move(done));
-    };
+    // Kept in the engine's op itself (engine_op_of), not in a std::function of its own.
+    auto task = [f = std::forward<F>(f)](detail::engine::done_fn done) { f(std::move(done)); };
     if (pipelined)
       impl_->eng.submit_pipelined(m->queue, priority, std::move(task), st, /*may_run_inline=*/true);
     else

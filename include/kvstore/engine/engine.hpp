@@ -18,10 +18,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <queue>
 #include <span>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvstore::detail {
@@ -31,13 +34,16 @@ using engine_done_fn = std::function<void(std::exception_ptr)>;
 /// A task: does its work, then (now or later, from any thread) calls done exactly once.
 using engine_task_fn = std::function<void(engine_done_fn)>;
 
-/// One queued op: its task, the op state it completes, and its keys' links.
+/// One queued op: the op state it completes, and its keys' links; its task is engine_op_of's.
 struct engine_op {
-  engine_op(int p, engine_task_fn t, std::shared_ptr<op_state> s)
-      : priority(p), task(std::move(t)), part(std::move(s)) {}
+  engine_op(int p, std::shared_ptr<op_state> s) : priority(p), part(std::move(s)) {}
+  virtual ~engine_op() = default;
+  /// Runs the task (once).
+  virtual void run(const engine_done_fn& done) = 0;
+  /// Drops the task and what it captured (the op may complete much later).
+  virtual void drop_task() noexcept = 0;
   int priority;
   std::uint64_t seq = 0;
-  engine_task_fn task;
   std::shared_ptr<op_state> part;
   std::size_t waiting = 0;  // keys it is queued on and does not hold yet
   std::uint64_t id = 0;     // with by_id: the key of the engine's own table it is queued on
@@ -50,6 +56,18 @@ struct engine_op {
   std::atomic<int> refs{2};         // the running task and its done: freed after both
   std::atomic<bool> called{false};  // done ran (a task may only complete once)
   key_link* links() noexcept { return many ? many.get() : &one; }
+};
+
+/// An op with its task inside: one block per op, where a std::function task was a second one
+/// (for a capture of more than two pointers) that the caller's thread allocated and whichever
+/// thread completed the op freed (issue 12: a one-key op's blocks).
+template <class Task>
+struct engine_op_of final : engine_op {
+  engine_op_of(int p, Task t, std::shared_ptr<op_state> s)
+      : engine_op(p, std::move(s)), task(std::move(t)) {}
+  void run(const engine_done_fn& done) override { (*task)(done); }
+  void drop_task() noexcept override { task.reset(); }
+  std::optional<Task> task;
 };
 
 class engine {
@@ -84,9 +102,11 @@ class engine {
   /// With `may_run_inline`, a task whose key is idle, while no other op waits for a thread and a
   /// pool thread is idle (so it would start at once anyway), runs on the calling thread: no
   /// hand-off, no wake-up. For short tasks (small copies, queuing network frames).
-  void submit(std::uint64_t key, int priority, task_fn task, std::shared_ptr<op_state> part,
+  /// A task is any callable taking a done_fn (a task_fn, or a lambda kept in the op itself).
+  template <class Task>
+  void submit(std::uint64_t key, int priority, Task&& task, std::shared_ptr<op_state> part,
               bool may_run_inline = false) {
-    auto* op = new engine_op(priority, std::move(task), std::move(part));
+    engine_op* op = make_op(priority, std::forward<Task>(task), std::move(part));
     std::unique_lock lk(m_);
     op->by_id = true;
     op->id = key;
@@ -96,9 +116,10 @@ class engine {
 
   /// The same on a key whose queue the caller keeps (a key's record): `slot` must outlive the
   /// engine's use of it (every op issued on it done).
-  void submit(key_slot& slot, int priority, task_fn task, std::shared_ptr<op_state> part,
+  template <class Task>
+  void submit(key_slot& slot, int priority, Task&& task, std::shared_ptr<op_state> part,
               bool may_run_inline = false) {
-    auto* op = new engine_op(priority, std::move(task), std::move(part));
+    engine_op* op = make_op(priority, std::forward<Task>(task), std::move(part));
     std::unique_lock lk(m_);
     enqueue(op, slot, op->one);
     start(op, lk, may_run_inline);
@@ -116,9 +137,10 @@ class engine {
   /// and of the same priority (a connection sends higher priorities first); any other waits
   /// until no op of the key streams. At most set_max_pipeline(n) ops of a key stream at once.
   /// `part` completes, and wait_slot/wait_all count the op, when the task calls done.
-  void submit_pipelined(key_slot& slot, int priority, task_fn task, std::shared_ptr<op_state> part,
+  template <class Task>
+  void submit_pipelined(key_slot& slot, int priority, Task&& task, std::shared_ptr<op_state> part,
                         bool may_run_inline = false) {
-    auto* op = new engine_op(priority, std::move(task), std::move(part));
+    engine_op* op = make_op(priority, std::forward<Task>(task), std::move(part));
     op->pipelined = true;
     std::unique_lock lk(m_);
     enqueue(op, slot, op->one);
@@ -128,9 +150,10 @@ class engine {
   /// One op over many keys (distinct slots): it runs once every earlier op on each of them is
   /// done, and every later op on any of them waits for it. Ops across keys are ordered by their
   /// priority; between them and one-key ops on the same keys, issue order holds.
-  void submit(std::span<key_slot* const> slots, int priority, task_fn task,
+  template <class Task>
+  void submit(std::span<key_slot* const> slots, int priority, Task&& task,
               std::shared_ptr<op_state> part, bool may_run_inline = false) {
-    auto* op = new engine_op(priority, std::move(task), std::move(part));
+    engine_op* op = make_op(priority, std::forward<Task>(task), std::move(part));
     if (slots.size() != 1) {
       op->many = std::make_unique<key_link[]>(slots.size());
       op->keys = slots.size();
@@ -320,11 +343,11 @@ class engine {
       release(op);
     };
     try {
-      op->task(done);
+      op->run(done);
     } catch (...) {
       done(std::current_exception());
     }
-    op->task = nullptr;  // what it captured goes now, as the op may complete much later
+    op->drop_task();  // what it captured goes now, as the op may complete much later
     if (op->pipelined) let_go(op);
     release(op);
   }
@@ -357,6 +380,12 @@ class engine {
     if (--next->op->waiting) return false;
     ready_.push(next->op);
     return true;
+  }
+
+  template <class Task>
+  static engine_op* make_op(int priority, Task&& task, std::shared_ptr<op_state> part) {
+    return new engine_op_of<std::decay_t<Task>>(priority, std::forward<Task>(task),
+                                                std::move(part));
   }
 
   static void release(engine_op* op) {
