@@ -120,7 +120,7 @@ class batches {
           });
       worker_client::request r = request_of(part, call_kind::init, b, *plan, fr);
       r.timeout = o.connect_timeout + o.request_timeout;
-      client_.send(fr.server, worker_client::single(std::move(f)), std::move(r));
+      client_.send(fr.server, std::move(f), std::move(r));
     }
   }
 
@@ -141,8 +141,7 @@ class batches {
       });
       f.h = wire::batch_header(wire::cmd::batch_push, dtype, fr.keys(), fr.elements, priority);
       pack(f, b, plan, fr);
-      client_.send(fr.server, worker_client::single(std::move(f)),
-                   request_of(all, call_kind::push, b, plan, fr));
+      client_.send(fr.server, std::move(f), request_of(all, call_kind::push, b, plan, fr));
     }
   }
 
@@ -168,7 +167,7 @@ class batches {
       r.on_data = [to](const wire::header& h, std::span<const std::byte> payload) {
         to->take(h, payload);
       };
-      client_.send(fr.server, worker_client::single(std::move(f)), std::move(r));
+      client_.send(fr.server, std::move(f), std::move(r));
     }
   }
 

@@ -24,6 +24,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
@@ -72,6 +73,15 @@ class worker_client final : public transport::frame_handler {
   /// completes `r` when the answer (the response, or the data frame flagged last) arrives,
   /// the peer is lost, or the deadline passes. Thread-safe.
   void send(int peer, std::vector<transport::out_frame> frames, request r) {
+    send_frames(peer, std::span<transport::out_frame>(frames), std::move(r));
+  }
+  /// The same for a request of one frame (no vector of its own: most of a one-key op's).
+  void send(int peer, transport::out_frame frame, request r) {
+    send_frames(peer, std::span<transport::out_frame>(&frame, 1), std::move(r));
+  }
+
+ private:
+  void send_frames(int peer, std::span<transport::out_frame> frames, request r) {
     std::shared_ptr<transport::connection> c;
     std::string down;
     std::uint64_t id;
@@ -87,7 +97,8 @@ class worker_client final : public transport::frame_handler {
       const bool waiting = to_server && servers_[static_cast<std::size_t>(peer)].waiting;
       if (down.empty()) {
         // Held for a re-send while a lost server may come back (and while it is away).
-        if (to_server && opts_.server_restart_wait.count() > 0) r.frames = frames;
+        if (to_server && opts_.server_restart_wait.count() > 0)
+          r.frames.assign(frames.begin(), frames.end());
         alone = pending_.add(id, peer, std::move(r), clock::now(), opts_.request_timeout) == 0 &&
                 to_server && frames.size() == 1;
         if (waiting) return;  // sent when the server is back
@@ -101,6 +112,7 @@ class worker_client final : public transport::frame_handler {
     for (auto& f : frames) c->send(std::move(f), alone);
   }
 
+ public:
   /// Sends one frame that n requests share (a batch_push flagged flag_each: key i answered by
   /// a response to the frame's req_id + i): request i completes with that answer. For fused
   /// one-key pushes (client/fusion.hpp), which are not kept for a re-send after a server

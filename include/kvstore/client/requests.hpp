@@ -85,15 +85,21 @@ class requests {
     if (const compression c = compression_.of(m); c.type != compression::none)
       return push_encoded(m, value, c, priority, seq, std::move(all));
     for (auto& s : m.slices) {
-      std::vector<transport::out_frame> frames;
-      for (std::uint64_t off = s.lo; off < s.hi; off += chunk_elems_) {
+      auto frame_at = [&](std::uint64_t off) {
         const std::uint64_t n = std::min<std::uint64_t>(chunk_elems_, s.hi - off);
         transport::out_frame f;
         f.h = wire::push_header(fields(m), off, seq, off + n >= s.hi, priority);
         set_payload(f, value.data() + off, n);
         f.keep = keep;
-        frames.push_back(std::move(f));
+        return f;
+      };
+      if (s.hi - s.lo <= chunk_elems_) {  // one frame: no vector of frames
+        client_.send(s.server, frame_at(s.lo), part_of(all, {call_kind::push, &m.k}));
+        continue;
       }
+      std::vector<transport::out_frame> frames;
+      for (std::uint64_t off = s.lo; off < s.hi; off += chunk_elems_)
+        frames.push_back(frame_at(off));
       client_.send(s.server, std::move(frames), part_of(all, {call_kind::push, &m.k}));
     }
   }
@@ -118,7 +124,7 @@ class requests {
       r.out = reinterpret_cast<std::byte*>(first.data());
       r.out_bytes = first.size() * sizeof(T);
       r.elem = sizeof(T);
-      client_.send(s.server, worker_client::single(std::move(f)), std::move(r));
+      client_.send(s.server, std::move(f), std::move(r));
     }
   }
 
@@ -188,7 +194,7 @@ class requests {
             std::memcpy(out.data() + fan->positions[p] * rl, src + j * rl, rl * sizeof(T));
         }
       };
-      client_.send(s->server, worker_client::single(std::move(f)), std::move(r));
+      client_.send(s->server, std::move(f), std::move(r));
     }
   }
 
@@ -243,7 +249,7 @@ class requests {
       r.out = reinterpret_cast<std::byte*>(out.data() + (p.lo - offset));
       r.out_bytes = (p.hi - p.lo) * sizeof(T);
       r.elem = sizeof(T);
-      client_.send(p.server, worker_client::single(std::move(f)), std::move(r));
+      client_.send(p.server, std::move(f), std::move(r));
     }
   }
 
@@ -257,8 +263,7 @@ class requests {
       transport::out_frame f;
       f.h = wire::key_options_header(fields(m));
       f.meta = meta;
-      client_.send(s.server, worker_client::single(std::move(f)),
-                   part_of(all, {call_kind::set_key_options, &m.k}));
+      client_.send(s.server, std::move(f), part_of(all, {call_kind::set_key_options, &m.k}));
     }
     op(all).wait();
   }
@@ -275,7 +280,7 @@ class requests {
       r.on_response = [out](const wire::header& h, std::span<const std::byte>) {
         *out = std::min(*out, h.aux);
       };
-      client_.send(s.server, worker_client::single(std::move(f)), std::move(r));
+      client_.send(s.server, std::move(f), std::move(r));
     }
   }
 
@@ -460,7 +465,7 @@ class requests {
                                           " pull's answer does not match the request");
         wire::decode_16bit<false>(e, payload.data(), n, out.data() + h.offset);
       };
-      client_.send(s.server, worker_client::single(std::move(f)), std::move(r));
+      client_.send(s.server, std::move(f), std::move(r));
     }
   }
 
@@ -524,7 +529,7 @@ class requests {
       worker_client::request r = part_of(all, {kind, nullptr, server_id(s)});
       r.on_response = on_response;
       r.on_text = on_text;
-      client_.send(s, worker_client::single(make(s)), std::move(r));
+      client_.send(s, make(s), std::move(r));
     }
     op(all).wait();
   }
