@@ -13,6 +13,13 @@
 
 namespace kvstore::detail {
 
+/// One slot of an id -> pointer table (flat_index, id_ring).
+template <class V>
+struct id_slot {
+  std::uint64_t id = 0;
+  V* v = nullptr;  // null: empty
+};
+
 template <class V>
 class flat_index {
  public:
@@ -87,10 +94,7 @@ class flat_index {
   }
 
  private:
-  struct slot {
-    std::uint64_t id = 0;
-    V* v = nullptr;  // null: empty
-  };
+  using slot = id_slot<V>;
 
   // A key's home: ids of one run of 16 consecutive ids (a model's layers are often numbered
   // in a row) share a block of 16 slots, so a call over them walks a few cache lines in order;

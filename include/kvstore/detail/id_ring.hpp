@@ -8,6 +8,8 @@
 // them.
 #pragma once
 
+#include <kvstore/detail/flat_index.hpp>  // id_slot
+
 #include <cstddef>
 #include <cstdint>
 #include <unordered_map>
@@ -61,10 +63,7 @@ class id_ring {
   }
 
  private:
-  struct slot {
-    std::uint64_t id = 0;
-    V* v = nullptr;  // null: empty
-  };
+  using slot = id_slot<V>;
 
   // Puts id in its slot, moving an older id there aside.
   void place(std::uint64_t id, V* v) {
