@@ -14,6 +14,7 @@
 #include <kvstore/client/key_table.hpp>
 #include <kvstore/client/partition.hpp>
 #include <kvstore/client/requests.hpp>
+#include <kvstore/detail/block_pool.hpp>
 #include <kvstore/detail/checks.hpp>
 #include <kvstore/detail/group.hpp>
 #include <kvstore/device/span.hpp>  // device_span and the bridge's declaration: no Thrust, no CUDA
@@ -708,7 +709,7 @@ class KVStore<dist, T> {
 
   // The shared state of a new op of `parts` parts; its wait() spins as the options say.
   std::shared_ptr<detail::op_state> new_state(std::size_t parts) const {
-    auto st = std::make_shared<detail::op_state>(parts);
+    auto st = detail::make_pooled<detail::op_state>(parts);
     st->spin_us = static_cast<unsigned>(impl_->opts.wait_spin.count());
     return st;
   }

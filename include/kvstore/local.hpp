@@ -3,6 +3,7 @@
 // code.
 #pragma once
 
+#include <kvstore/detail/block_pool.hpp>
 #include <kvstore/detail/checks.hpp>
 #include <kvstore/detail/group.hpp>
 #include <kvstore/engine/engine.hpp>
@@ -236,7 +237,7 @@ class KVStore<local, T> {
     check_size("pushpull", e, value.size());
     check_size("pushpull", e, out.size());
     auto opt = current_optimizer();
-    auto st = std::make_shared<detail::op_state>(1);
+    auto st = detail::make_pooled<detail::op_state>(1);
     detail::local_impl<T>* impl = impl_.get();
     std::vector<std::span<const T>> srcs{value};
     impl->eng.submit_sync(
@@ -262,7 +263,7 @@ class KVStore<local, T> {
     auto& e = find("push_rows", k);
     check_rows("push_rows", e, rows, values.size());
     auto opt = current_optimizer();
-    auto st = std::make_shared<detail::op_state>(1);
+    auto st = detail::make_pooled<detail::op_state>(1);
     detail::local_impl<T>* impl = impl_.get();
     impl->eng.submit_sync(
         e.k.id(), priority,
@@ -279,7 +280,7 @@ class KVStore<local, T> {
   op pull_rows(key k, std::span<const std::int64_t> rows, std::span<T> out, int priority = 0) {
     auto& e = find("pull_rows", k);
     check_rows("pull_rows", e, rows, out.size());
-    auto st = std::make_shared<detail::op_state>(1);
+    auto st = detail::make_pooled<detail::op_state>(1);
     impl_->eng.submit_sync(
         e.k.id(), priority,
         [ep = &e, rows, out] {
@@ -313,7 +314,7 @@ class KVStore<local, T> {
   op push_range(key k, std::size_t offset, std::span<const T> values, int priority = 0) {
     auto& e = find_range("push_range", k, offset, values.size());
     auto opt = current_optimizer();
-    auto st = std::make_shared<detail::op_state>(1);
+    auto st = detail::make_pooled<detail::op_state>(1);
     impl_->eng.submit_sync(
         e.k.id(), priority,
         [ep = &e, offset, values, opt] {
@@ -327,7 +328,7 @@ class KVStore<local, T> {
   /// Copies elements [offset, offset + out.size()) of the key into `out`. Throws as push_range.
   op pull_range(key k, std::size_t offset, std::span<T> out, int priority = 0) {
     auto& e = find_range("pull_range", k, offset, out.size());
-    auto st = std::make_shared<detail::op_state>(1);
+    auto st = detail::make_pooled<detail::op_state>(1);
     impl_->eng.submit_sync(
         e.k.id(), priority,
         [ep = &e, offset, out] {
@@ -546,7 +547,7 @@ class KVStore<local, T> {
       for (auto& s : g.bufs) check_size(call, *g.h, s.size());
     if (groups.empty()) return op::done();
     auto opt = current_optimizer();
-    auto st = std::make_shared<detail::op_state>(groups.size());
+    auto st = detail::make_pooled<detail::op_state>(groups.size());
     detail::local_impl<T>* impl = impl_.get();
     for (auto& g : groups) {
       impl->eng.submit_sync(
@@ -564,7 +565,7 @@ class KVStore<local, T> {
     for (auto& g : groups)
       for (auto& o : g.bufs) check_size(call, *g.h, o.size());
     if (groups.empty()) return op::done();
-    auto st = std::make_shared<detail::op_state>(groups.size());
+    auto st = detail::make_pooled<detail::op_state>(groups.size());
     detail::local_impl<T>* impl = impl_.get();
     for (auto& g : groups) {
       impl->eng.submit_sync(

@@ -11,6 +11,7 @@
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/client/partition.hpp>
+#include <kvstore/detail/block_pool.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/wire/commands.hpp>
@@ -104,7 +105,7 @@ class batches {
   /// done runs).
   void init(const in_batch& b, bool with_data, std::vector<char>& failed, done_fn done) {
     const auto plan = std::make_shared<const frame_plan>(frames_of(b));
-    auto all = std::make_shared<op_state>(plan->frames.size(), std::move(done));
+    auto all = make_pooled<op_state>(plan->frames.size(), std::move(done));
     const auto& o = client_.options();
     for (const frame& fr : plan->frames) {
       transport::out_frame f;
@@ -112,7 +113,7 @@ class batches {
       f.h = wire::batch_header(wire::cmd::batch_init, dtype, fr.keys(), fr.elements, 0, with_data);
       if (with_data) pack(f, b, *plan, fr);
       // This frame's keys are marked failed when it is refused.
-      auto part = std::make_shared<op_state>(
+      auto part = make_pooled<op_state>(
           1, [all, &failed, plan, lo = fr.lo, hi = fr.hi](std::exception_ptr e) {
             if (e)
               for (std::size_t k = lo; k < hi; ++k) failed[plan->order[k]] = 1;
@@ -130,7 +131,7 @@ class batches {
     std::vector<std::vector<T>> sums;
     sum_repeats(b, sums);
     const auto plan = frames_of(b);
-    auto all = std::make_shared<op_state>(plan.frames.size(), std::move(done));
+    auto all = make_pooled<op_state>(plan.frames.size(), std::move(done));
     for (const frame& fr : plan.frames) {
       transport::out_frame f;
       f.meta = entries(b, plan, fr, [](const auto& e) {
@@ -149,15 +150,15 @@ class batches {
   /// buffers of keys named again once all are in. Done once every answer arrived.
   void pull(std::shared_ptr<out_batch> b, int priority, done_fn done) {
     auto plan = std::make_shared<const frame_plan>(frames_of(*b));
-    auto all = std::make_shared<op_state>(plan->frames.size(),
-                                          [b, done = std::move(done)](std::exception_ptr e) {
-                                            if (!e)
-                                              for (auto& r : b->repeats) {
-                                                const auto& from = b->entries[r.at].buf;
-                                                std::copy(from.begin(), from.end(), r.buf.begin());
-                                              }
-                                            done(e);
-                                          });
+    auto all = make_pooled<op_state>(plan->frames.size(),
+                                     [b, done = std::move(done)](std::exception_ptr e) {
+                                       if (!e)
+                                         for (auto& r : b->repeats) {
+                                           const auto& from = b->entries[r.at].buf;
+                                           std::copy(from.begin(), from.end(), r.buf.begin());
+                                         }
+                                       done(e);
+                                     });
     for (const frame& fr : plan->frames) {
       transport::out_frame f;
       f.meta = entries(*b, *plan, fr, [](const auto&) { return std::uint64_t{0}; });

@@ -7,6 +7,7 @@
 
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/pending.hpp>
+#include <kvstore/detail/block_pool.hpp>
 #include <kvstore/detail/log.hpp>
 #include <kvstore/detail/spin_mutex.hpp>
 #include <kvstore/node.hpp>
@@ -162,7 +163,7 @@ class worker_client final : public transport::frame_handler {
 
   /// Sends and waits (for blocking calls: init, barrier, commands). Throws the request's error.
   void call(int peer, std::vector<transport::out_frame> frames, request r) {
-    auto st = std::make_shared<op_state>(1);
+    auto st = make_pooled<op_state>(1);
     r.done = st;
     send(peer, std::move(frames), std::move(r));
     op(st).wait();

@@ -11,6 +11,7 @@
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/key_record.hpp>
+#include <kvstore/detail/block_pool.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -57,7 +58,7 @@ class fusion {
     wire::put_batch_entry(p.meta.data() + at, wire::batch_entry{m.k.id(), value.size(), seq});
     p.values.insert(p.values.end(), value.begin(), value.end());
     worker_client::request r;
-    r.done = std::make_shared<op_state>(1, std::move(done));
+    r.done = make_pooled<op_state>(1, std::move(done));
     r.what = {call_kind::push, &m.k};
     p.reqs.push_back(std::move(r));
     p.priority = p.reqs.size() == 1 ? priority : std::max(p.priority, priority);

@@ -10,6 +10,7 @@
 #include <kvstore/client/compression.hpp>
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/client/row_fanout.hpp>
+#include <kvstore/detail/block_pool.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/optim/state_file.hpp>
@@ -256,7 +257,7 @@ class requests {
   /// A key's learning-rate and weight-decay multipliers, to every server holding a slice of it;
   /// returns once all have them.
   void set_key_options(const key_record& m, double lr_mult, double wd_mult) {
-    auto all = std::make_shared<op_state>(m.slices.size());
+    auto all = make_pooled<op_state>(m.slices.size());
     all->spin_us = spin_us_;
     const std::string meta = wire::encode_key_multipliers({lr_mult, wd_mult});
     for (auto& s : m.slices) {
@@ -489,7 +490,7 @@ class requests {
 
   // One part per request; `done` runs when the last one completes.
   static std::shared_ptr<op_state> fan_in(std::size_t parts, done_fn done) {
-    return std::make_shared<op_state>(parts, std::move(done));
+    return make_pooled<op_state>(parts, std::move(done));
   }
 
   // A frame of `c` answered once the scheduler is done with it.
@@ -523,7 +524,7 @@ class requests {
       call_kind kind, Make&& make,
       std::function<void(const wire::header&, std::span<const std::byte>)> on_response = {},
       std::function<void(std::string_view)> on_text = {}) {
-    auto all = std::make_shared<op_state>(static_cast<std::size_t>(num_servers()));
+    auto all = make_pooled<op_state>(static_cast<std::size_t>(num_servers()));
     all->spin_us = spin_us_;
     for (int s = 0; s < num_servers(); ++s) {
       worker_client::request r = part_of(all, {kind, nullptr, server_id(s)});

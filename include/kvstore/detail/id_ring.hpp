@@ -43,6 +43,8 @@ class id_ring {
     if (slot* s = ring_.empty() ? nullptr : &ring_[id & mask_]; s && s->v && s->id == id) {
       v = s->v;
       *s = {};
+    } else if (aside_.empty()) {
+      return nullptr;
     } else if (auto it = aside_.find(id); it != aside_.end()) {
       v = it->second;
       aside_.erase(it);

@@ -102,7 +102,7 @@ class list_plans {
 
   /// The finished plan of signature `sig`, marked as used; or nullptr.
   plan* find(const list_signature& sig) noexcept {
-    plan* p = of(sig);
+    plan* p = of(sig, sig.hash());
     if (!p || !p->ready_) return nullptr;
     p->used_ = ++clock_;
     return p;
@@ -114,14 +114,15 @@ class list_plans {
   /// comes again. Older plans drop their entries until the new one fits the bound. The plan is
   /// not followed until finish().
   plan* start(const list_signature& sig, std::size_t n, std::size_t held) {
-    plan* p = of(sig);
+    const std::uint64_t hash = sig.hash();
+    plan* p = of(sig, hash);
     if (!p) {
-      list_signature* seen = seen_index_.find(sig.hash());
+      list_signature* seen = seen_index_.find(hash);
       if (!seen || *seen != sig) {
-        remember(sig);
+        remember(sig, hash);
         return nullptr;
       }
-      seen_index_.erase(sig.hash());
+      seen_index_.erase(hash);
       *seen = list_signature{};
       if (plans_.size() < MaxLists) {
         p = &plans_.emplace_back();
@@ -131,7 +132,7 @@ class list_plans {
       }
       // Another list's signature of the same hash keeps the index: this plan is then never
       // found, and goes as the least lately used.
-      plan_index_.insert(sig.hash(), p);
+      plan_index_.insert(hash, p);
     }
     *p = plan{};
     p->sig_ = sig;
@@ -159,17 +160,17 @@ class list_plans {
   std::size_t remembered() const noexcept { return seen_index_.size(); }
 
  private:
-  plan* of(const list_signature& sig) noexcept {
-    plan* p = plan_index_.find(sig.hash());
+  plan* of(const list_signature& sig, std::uint64_t hash) noexcept {
+    plan* p = plan_index_.find(hash);
     return p && p->sig_ == sig ? p : nullptr;
   }
 
-  // Remembers `sig` in the place of the signature remembered longest ago.
-  void remember(const list_signature& sig) {
+  // Remembers `sig` (of `hash`) in the place of the signature remembered longest ago.
+  void remember(const list_signature& sig, std::uint64_t hash) {
     list_signature& place = seen_[next_seen_++ % seen_.size()];
     unindex(seen_index_, place, &place);
     place = sig;
-    seen_index_.insert(sig.hash(), &place);  // a hash taken: not remembered
+    seen_index_.insert(hash, &place);  // a hash taken: not remembered
   }
 
   // Takes `sig`'s hash out of `index` if it names `at` there (not another of the same hash).

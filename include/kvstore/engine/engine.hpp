@@ -8,6 +8,7 @@
 // trip each. Ops that are not pipelined wait until no op of their key streams.
 #pragma once
 
+#include <kvstore/detail/block_pool.hpp>
 #include <kvstore/engine/key_slot.hpp>
 #include <kvstore/op.hpp>
 
@@ -38,6 +39,9 @@ using engine_task_fn = std::function<void(engine_done_fn)>;
 struct engine_op {
   engine_op(int p, std::shared_ptr<op_state> s) : priority(p), part(std::move(s)) {}
   virtual ~engine_op() = default;
+  // Made on the caller's thread, freed on whichever completes it (detail/block_pool.hpp).
+  static void* operator new(std::size_t n) { return block_pool::allocate(n); }
+  static void operator delete(void* p, std::size_t n) noexcept { block_pool::deallocate(p, n); }
   /// Runs the task (once).
   virtual void run(const engine_done_fn& done) = 0;
   /// Drops the task and what it captured (the op may complete much later).
