@@ -9,6 +9,10 @@
 # device_bench_cuda and kv_bench (RUN_KV_BENCH=0 skips it), each under a timeout, and writes
 # a log of the steps and a file per kind of step (at most 7 files). Debug info is stripped: the
 # bundle is about 20 MB.
+# AB_BASE=REV also bundles kv_bench built at commit REV: run.sh then runs the two kv_bench
+# programs alternately (AB_ROUNDS times, default 3; arguments AB_ARGS, default the in-flight
+# and backprop cases at 1 x 1 and 2 x 2) and writes their ranges (scripts/ab_summary.py) to
+# ab.txt, one file more; the full kv_bench run is skipped then.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
@@ -24,12 +28,21 @@ command -v nvcc >/dev/null || {
 [[ -f build/build.ninja ]] || configure build
 cmake --build build -j"$JOBS" --target "${programs[@]##*/}"
 
+base_bench=
+[[ -z ${AB_BASE:-} ]] || base_bench=$(build_kv_bench_at "$AB_BASE")
+
 rm -rf "$dir"
 mkdir -p "$dir/lib"
 for p in "${programs[@]}"; do
   cp "build/$p" "$dir/"
   strip --strip-debug "$dir/${p##*/}"
 done
+if [[ -n $base_bench ]]; then
+  cp "$base_bench" "$dir/kv_bench_base"
+  strip --strip-debug "$dir/kv_bench_base"
+  cp scripts/ab_summary.py "$dir/"
+  echo "$AB_BASE" >"$dir/ab_base"
+fi
 # Libraries the programs load, less the C runtime, the C++ runtime and the GPU driver (the
 # target machine's own are newer or must be its own).
 for p in "${programs[@]}"; do ldd "build/$p"; done | awk '/=> \//{print $3}' | sort -u |
@@ -58,7 +71,17 @@ for t in test_device_cuda test_data_parallel_device_cuda test_dist_device_cuda; 
 done
 step memcheck 120 compute-sanitizer --tool memcheck --leak-check full ./test_dist_device_cuda
 step device_bench_cuda 200 ./device_bench_cuda --json "$out/device_bench_cuda.json"
-if [[ ${RUN_KV_BENCH:-1} != 0 ]]; then
+if [[ -x kv_bench_base ]]; then
+  # The base commit's kv_bench and this one's, alternated; the runs' outputs in one file.
+  read -r -a ab_args <<<"${AB_ARGS:---only many_4096,backprop --setup 1x1,2x2 --reps 5}"
+  runs=$(mktemp -d)
+  for ((i = 1; i <= ${AB_ROUNDS:-3}; ++i)); do
+    step ab_runs 120 ./kv_bench_base "${ab_args[@]}" --json "$runs/base_$i.json"
+    step ab_runs 120 ./kv_bench "${ab_args[@]}" --json "$runs/head_$i.json"
+  done
+  step ab 30 python3 ab_summary.py --base "$runs"/base_*.json --head "$runs"/head_*.json \
+    --title "kv_bench ${ab_args[*]}: $(cat ab_base) (base) against the bundled build (head)"
+elif [[ ${RUN_KV_BENCH:-1} != 0 ]]; then
   step kv_bench 240 ./kv_bench --setup 1x1,2x2 --json "$out/kv_bench.json"
 fi
 EOF

@@ -23,3 +23,19 @@ executables() {
   [[ -d $1 ]] || return 0
   find "$1" -maxdepth 1 -type f -perm -u+x | sort
 }
+
+# build_kv_bench_at REV: builds kv_bench of commit REV in build-ab/ (from a git worktree kept
+# there for the next time) and prints the program's path. For scripts/bench-ab.sh and
+# scripts/gpu-bundle.sh's AB_BASE.
+build_kv_bench_at() {
+  local rev=$1 tree=build-ab/tree
+  if [[ -d $tree ]]; then
+    git -C "$tree" checkout -q --detach "$rev"
+  else
+    mkdir -p build-ab
+    git worktree add -q --detach "$tree" "$rev"
+  fi
+  (cd "$tree" && configure ../build -DKVSTORE_BUILD_EXAMPLES=OFF -DKVSTORE_BUILD_TESTS=OFF &&
+    cmake --build ../build -j"$JOBS" --target kv_bench >/dev/null) >&2
+  echo build-ab/build/benchmarks/kv_bench
+}
