@@ -99,3 +99,34 @@ TEST_CASE("rank_set: count, insert, size, empty and for_each agree with a set" *
   }
   CHECK(s.count(-1) == 0);
 }
+
+TEST_CASE("rank_set: covers agrees with a rank-by-rank check" * doctest::timeout(60)) {
+  // A sync round is complete once every worker pushed or left: round_done.covers(n, left).
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = static_cast<int>(rng() % 200);
+    rank_set done, left;
+    // Often nearly all ranks below n, so both answers come up, across word boundaries.
+    for (int r = 0; r < n + 10; ++r) {
+      const unsigned x = static_cast<unsigned>(rng() % 100);
+      if (x < 70)
+        done.insert(r);
+      else if (x < 99 || rng() % 4)
+        left.insert(r);
+    }
+    bool expect = true;
+    for (int r = 0; r < n; ++r) expect = expect && (done.count(r) || left.count(r));
+    REQUIRE(done.covers(n, left) == expect);
+    REQUIRE(left.covers(n, done) == expect);
+  }
+  rank_set none;
+  CHECK(none.covers(0, none));
+  CHECK_FALSE(none.covers(1, none));
+  rank_set first64;
+  for (int r = 0; r < 64; ++r) first64.insert(r);
+  CHECK(first64.covers(64, none));
+  CHECK_FALSE(first64.covers(65, none));
+  rank_set r64;
+  r64.insert(64);
+  CHECK(first64.covers(65, r64));
+}

@@ -19,9 +19,16 @@ class rank_set {
   /// 1 when `r` is in the set, else 0 (as std::set::count).
   std::size_t count(int r) const noexcept {
     if (r < 0) return 0;
-    const auto w = static_cast<std::size_t>(r) / 64;
-    const std::uint64_t word = w == 0 ? low_ : w - 1 < high_.size() ? high_[w - 1] : 0;
-    return (word >> (static_cast<unsigned>(r) % 64)) & 1u;
+    return (word(static_cast<std::size_t>(r) / 64) >> (static_cast<unsigned>(r) % 64)) & 1u;
+  }
+  /// Whether every rank below n is in this set or in `also`: a word at a time, where a rank at a
+  /// time made a sync round's check grow with the workers on every push of every key.
+  bool covers(int n, const rank_set& also) const noexcept {
+    for (std::size_t w = 0; n > 0; ++w, n -= 64) {
+      const std::uint64_t want = n >= 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << n) - 1;
+      if (((word(w) | also.word(w)) & want) != want) return false;
+    }
+    return true;
   }
   /// Adds `r` (not negative); true when it was not in the set.
   bool insert(int r) {
@@ -57,6 +64,10 @@ class rank_set {
   }
 
  private:
+  std::uint64_t word(std::size_t w) const noexcept {
+    return w == 0 ? low_ : w - 1 < high_.size() ? high_[w - 1] : 0;
+  }
+
   std::uint64_t low_ = 0;
   std::vector<std::uint64_t> high_;  // ranks 64 and up
 };

@@ -876,8 +876,12 @@ class shard {
   }
 
   // A worker that left the group (leave, bye) pushes no more: its push is refused, not summed.
+  // (The checks run on every push of every key: the throwing halves are out of line, so that
+  // the checks themselves inline.)
   void refuse_if_left(int rank, std::uint64_t key) const {
-    if (!left_.count(rank)) return;
+    if (left_.count(rank)) refuse_left(rank, key);
+  }
+  [[noreturn]] void refuse_left(int rank, std::uint64_t key) const {
     const std::string msg = who_ + " refused a push of key " + key_str(key) + " from worker " +
                             std::to_string(rank) + ": it left the sync group";
     log_warn(who_, msg);
@@ -886,11 +890,12 @@ class shard {
 
   void begin_round_push(slice& s, int rank) {
     refuse_if_left(rank, s.key);
-    if (s.round_done.count(rank))
-      throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
-                                      key_str(s.key) + " twice in round " +
-                                      std::to_string(s.round));
+    if (s.round_done.count(rank)) refuse_twice(s, rank);
     if (s.merge.size() != s.size() * s.elem()) s.merge.resize(s.size() * s.elem());
+  }
+  [[noreturn]] static void refuse_twice(const slice& s, int rank) {
+    throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " + key_str(s.key) +
+                                    " twice in round " + std::to_string(s.round));
   }
 
   void end_round_push(slice& s, int rank, const Port& from, const wire::header& h) {
@@ -967,11 +972,7 @@ class shard {
       return upd_d_;
   }
 
-  bool round_complete(const slice& s) const {
-    for (int r = 0; r < cfg_.num_workers; ++r)
-      if (!left_.count(r) && !s.round_done.count(r)) return false;
-    return true;
-  }
+  bool round_complete(const slice& s) const { return s.round_done.covers(cfg_.num_workers, left_); }
 
   void maybe_complete(slice& s) {
     if (!round_complete(s)) return;
