@@ -178,6 +178,8 @@ class block_pool {
 /// another frees.
 template <class T>
 struct pool_allocator {
+  static_assert(alignof(T) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
+                "the pool's blocks are aligned as operator new aligns");
   using value_type = T;
   pool_allocator() noexcept = default;
   template <class U>

@@ -67,6 +67,8 @@ struct engine_op {
 /// thread completed the op freed (issue 12: a one-key op's blocks).
 template <class Task>
 struct engine_op_of final : engine_op {
+  static_assert(alignof(Task) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
+                "the block pool aligns as operator new does");
   engine_op_of(int p, Task t, std::shared_ptr<op_state> s)
       : engine_op(p, std::move(s)), task(std::move(t)) {}
   void run(const engine_done_fn& done) override { (*task)(done); }
