@@ -291,3 +291,50 @@ TEST_CASE(
     }
   });
 }
+
+TEST_CASE(
+    "servers with a pool of four serve a push of thousands of keys in runs: the same sums and "
+    "versions, and per-key order, in dist_sync and dist_async" *
+    doctest::timeout(120)) {
+  for (bool sync : {true, false}) {
+    CAPTURE(sync);
+    auto o = kvtest::test_options(2, 2, sync);
+    o.server_threads = 4;  // batch_ops::push's runs need a pool of four at least
+    kvtest::cluster c(o);
+    constexpr std::size_t n = 12000;  // about 6,000 keys a server: frames of 4,096 keys
+    c.run_workers([&](KVStore<dist>& kv) {
+      auto m = keys_of(2'000'000, n, 1, 0.0f);
+      kv.init(m.keys, m.in());
+      kv.set_optimizer(kvstore::optim::add{});  // element-wise: the pool may run it
+      const float r = static_cast<float>(kv.rank());
+      for (int round = 1; round <= 3; ++round) {
+        for (std::size_t i = 0; i < n; ++i)
+          for (auto& x : m.values[i]) x = (r + 1) * static_cast<float>(round);
+        kv.push(m.keys, m.in());
+        // Not waited for: the pull comes after the push on each key's connection.
+        auto got = keys_of(2'000'000, n, 1, -1.0f);
+        kv.pull(m.keys, got.out()).wait();
+        // Key i: its init (i % 5) plus round x (1 + 2) per round so far, in dist_sync; in
+        // dist_async at least this worker's own pushes so far.
+        const float base_sum = 3.0f * static_cast<float>(round * (round + 1) / 2);
+        for (std::size_t i = 0; i < n; ++i)
+          for (float x : got.values[i]) {
+            const float init = static_cast<float>(i % 5);
+            if (sync)
+              REQUIRE(x == init + base_sum);
+            else
+              REQUIRE(x >= init + (r + 1) * static_cast<float>(round * (round + 1) / 2));
+          }
+        kv.barrier();
+      }
+      kv.wait_all();
+      kv.barrier();
+      // Every push of both workers applied once: 3 rounds, or 6 pushes in dist_async.
+      auto got = keys_of(2'000'000, n, 1, -1.0f);
+      kv.pull(m.keys, got.out()).wait();
+      for (std::size_t i = 0; i < n; ++i)
+        for (float x : got.values[i]) REQUIRE(x == static_cast<float>(i % 5) + 18.0f);
+      CHECK(kv.version(m.keys[n - 1]) == (sync ? 3u : 6u));
+    });
+  }
+}

@@ -8,8 +8,13 @@
 
 #include "support/shard_fixture.hpp"
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace kvtest_shard;
@@ -75,6 +80,67 @@ std::vector<float> pulled(fixture& f, const std::vector<bkey>& ks, int rank = 0)
 template <class F>
 errc refused(F&& f) {
   return error_of(std::forward<F>(f));
+}
+
+/// The threads an optimizer's updates ran on. With `wait_for_second` the first thread's first
+/// update waits (5 s at most) until another thread updates too: threads woken late could
+/// otherwise leave every run to the first one, and the test would depend on timing.
+struct thread_log {
+  std::mutex m;
+  std::condition_variable second;
+  std::set<std::thread::id> seen;
+  bool wait_for_second = false;
+  void note() {
+    std::unique_lock lk(m);
+    seen.insert(std::this_thread::get_id());
+    if (seen.size() > 1) second.notify_all();
+    if (wait_for_second) {
+      wait_for_second = false;
+      second.wait_for(lk, std::chrono::seconds(5), [&] { return seen.size() > 1; });
+    }
+  }
+  /// Starts a new log.
+  void reset(bool wait) {
+    std::lock_guard lk(m);
+    seen.clear();
+    wait_for_second = wait;
+  }
+  std::size_t count() {
+    std::lock_guard lk(m);
+    return seen.size();
+  }
+};
+thread_log& update_threads() {
+  static thread_log log;
+  return log;
+}
+
+/// An element-wise optimizer, w += 2 g, that notes the thread each update runs on.
+struct thread_probe {
+  static constexpr std::string_view name = "test_shard_batch_thread_probe";
+  static constexpr int num_slots = 0;
+  static constexpr bool elementwise = true;
+  template <class T>
+  void update(std::span<const T> grad, std::span<T> weight,
+              const kvstore::optim::slots_view<T>&) const {
+    for (std::size_t i = 0; i < weight.size(); ++i) weight[i] += 2 * grad[i];
+    update_threads().note();
+  }
+  template <class Ar>
+  void serialize(Ar&, unsigned) {}
+};
+
+/// `n` keys from 1 (every 97th of 3 elements, the others of 1), valued value(key, element),
+/// pushed as push number `seq`.
+template <class Value>
+std::vector<bkey> many_keys(std::uint64_t n, std::uint64_t seq, Value&& value) {
+  std::vector<bkey> ks;
+  for (std::uint64_t k = 1; k <= n; ++k) {
+    bkey b{k, std::vector<float>(k % 97 == 0 ? 3 : 1), seq};
+    for (std::size_t e = 0; e < b.value.size(); ++e) b.value[e] = value(k, e);
+    ks.push_back(std::move(b));
+  }
+  return ks;
 }
 
 }  // namespace
@@ -465,5 +531,84 @@ TEST_CASE("a planned frame never reaches freed slices: a restore replaces them" 
     send(f, 0, wire::cmd::batch_push, plannable(1, 5));
     CHECK(pulled(f, plannable()) == all(4));
     CHECK(pulled(f, plannable()) == all(4));
+  }
+}
+
+TEST_CASE(
+    "a batched push of many keys is served on the apply pool's threads: the same values, rounds, "
+    "changes and answers as on the io thread alone" *
+    doctest::timeout(60)) {
+  kvstore::optim::register_optimizer<thread_probe>();
+  const std::uint64_t n = 3000;  // over twice batch_ops' parallel_batch_keys: the pool's
+  auto zeros = many_keys(n, 0, [](std::uint64_t, std::size_t) { return 0.0f; });
+  auto init = many_keys(n, 0, [](std::uint64_t k, std::size_t e) { return float(k + e); });
+  // threads: 1 (the io thread alone), then 4 (a pool of four).
+  auto run = [&](unsigned threads, bool sync, int workers) {
+    auto c = fixture::config(workers, sync, 1 << 20);
+    c.apply_threads = threads;
+    fixture f(c);
+    send(f, 0, wire::cmd::batch_init, init);
+    for (int r = 1; r < workers; ++r) send(f, r, wire::cmd::batch_init, zeros, false);
+    for (int r = 0; r < workers; ++r) f.got(r).clear();
+    f.set_optimizer(std::string(thread_probe::name), params_of(thread_probe{}));
+    f.got(0).clear();
+    update_threads().reset(/*wait=*/threads > 1);
+    struct result {
+      std::vector<float> values;
+      std::vector<std::uint64_t> counts;
+      std::size_t threads;
+    } out;
+    for (std::uint64_t seq = 1; seq <= 2; ++seq) {
+      std::vector<std::uint64_t> ids;
+      for (int r = 0; r < workers; ++r) {
+        // Worker r's gradient: r + 1 + element / 4 for key k's elements, times seq.
+        auto grad = [&](std::uint64_t, std::size_t e) {
+          return float(seq) * (float(r + 1) + float(e) / 4);
+        };
+        ids.push_back(send(f, r, wire::cmd::batch_push, many_keys(n, seq, grad)));
+        // In dist_sync no worker is answered before the last one's push is in.
+        if (sync && r + 1 < workers) CHECK(responses(f, 0, ids[0]).empty());
+      }
+      for (int r = 0; r < workers; ++r) {
+        auto got = responses(f, r, ids[static_cast<std::size_t>(r)]);
+        REQUIRE(got.size() == 1);
+        CHECK(got[0].status == errc::ok);
+      }
+    }
+    // A push re-sent after a restart (the same push numbers) is answered, not applied again.
+    const auto again = send(f, 0, wire::cmd::batch_push,
+                            many_keys(n, 2, [](std::uint64_t, std::size_t) { return 1e6f; }));
+    if (!sync || workers == 1) {
+      auto got = responses(f, 0, again);
+      REQUIRE(got.size() == 1);
+      CHECK(got[0].status == errc::ok);
+    }
+    out.values = pulled(f, zeros);
+    out.counts = f.counts;
+    out.threads = update_threads().count();
+    // A version per round in dist_sync, per push applied in dist_async.
+    const std::uint64_t version = sync ? 2 : 2 * static_cast<std::uint64_t>(workers);
+    CHECK(f.version(n, 1) == version);
+    CHECK(f.version(97, 3) == version);
+    return out;
+  };
+  for (auto [sync, workers] : {std::pair{true, 2}, std::pair{true, 1}, std::pair{false, 2}}) {
+    CAPTURE(sync);
+    CAPTURE(workers);
+    const auto alone = run(1, sync, workers), pooled = run(4, sync, workers);
+    CHECK(alone.threads == 1);
+    CHECK(pooled.threads > 1);  // the keys were updated on more than one thread
+    CHECK(pooled.values == alone.values);
+    CHECK(pooled.counts == alone.counts);  // as many changes, reported once per frame
+    // Key k's element e: its init, plus 2 x each worker's gradient of each of the two pushes.
+    for (std::uint64_t k : {std::uint64_t{1}, std::uint64_t{97}, n}) {
+      const std::size_t at = (k - 1) + 2 * ((k - 1) / 97);  // keys before k: 1 or 3 elements
+      for (std::size_t e = 0; e < (k % 97 == 0 ? 3u : 1u); ++e) {
+        float want = float(k + e);
+        for (int r = 0; r < workers; ++r)
+          for (int seq = 1; seq <= 2; ++seq) want += 2 * float(seq) * (float(r + 1) + float(e) / 4);
+        CHECK(alone.values[at + e] == want);
+      }
+    }
   }
 }

@@ -3,7 +3,8 @@
 // update is cut into chunks that the io thread and the pool's helpers take in turn; run() returns
 // once all are done, so the shard's per-key order is untouched (nothing else runs meanwhile).
 // Only element-wise updates are cut (optim::updater::elementwise): each element's result then
-// depends on that element alone, and the chunks give the same bits as one pass.
+// depends on that element alone, and the chunks give the same bits as one pass. A batched push
+// of many small keys is cut the same way, into runs of keys (server/batch.hpp).
 #pragma once
 
 #include <algorithm>
@@ -24,8 +25,12 @@ class apply_pool {
  public:
   /// `threads` in all, the caller's included (0: the number of cores); 1 starts no helper.
   explicit apply_pool(unsigned threads) {
-    if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-    for (unsigned i = 1; i < threads; ++i) helpers_.emplace_back([this] { help(); });
+    for (unsigned i = 1; i < threads_for(threads); ++i) helpers_.emplace_back([this] { help(); });
+  }
+  /// The threads a pool asked for `threads` has (0: the number of cores).
+  static unsigned threads_for(unsigned threads) noexcept {
+    static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());  // read once
+    return threads ? threads : cores;
   }
   ~apply_pool() {
     {

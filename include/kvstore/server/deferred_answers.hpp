@@ -25,9 +25,9 @@ class deferred_answers {
   bool active() const noexcept { return active_; }
   void begin() noexcept { active_ = true; }
 
-  /// One change (`important`: an init or optimizer change), reported at end().
-  void change(bool important) noexcept {
-    ++changes_;
+  /// `n` changes (`important`: an init or optimizer change), reported at end().
+  void change(bool important, std::uint64_t n = 1) noexcept {
+    changes_ += n;
     important_ = important_ || important;
   }
   /// A response to `to` (never a batched request's countdown: that answers through here).

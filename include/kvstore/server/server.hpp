@@ -2,7 +2,8 @@
 // their rank: transport/identity.hpp), sends heartbeats, follows membership (workers that leave,
 // die or disconnect), and routes every other frame to its shard (server/shard.hpp), whose answers
 // it writes back. It ends when the scheduler says the job is over. Snapshots: server/snapshots.hpp.
-// Everything runs on one io thread, so the shard needs no locks.
+// Everything runs on one io thread, so the shard needs no locks (its apply pool's threads work
+// only inside a call of the io thread: server/apply_pool.hpp).
 #pragma once
 
 #include <unistd.h>

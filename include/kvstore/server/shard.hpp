@@ -12,7 +12,9 @@
 //             std::shared_ptr<const void> keep,     // frame; `keep` owns the payload bytes,
 //             std::string meta = {}) const;         // `meta` is the frame's text
 //   bool same_peer(const Port& other) const;        // both answer the same connection
-// Everything runs on one thread (the server's io thread): no locks.
+// Everything runs on one thread (the server's io thread): no locks. Two jobs fan out over the
+// apply pool and return before the io thread goes on: a large value's update cut in chunks, and a
+// large batched push's keys in runs (server/batch.hpp), each slice touched by one thread.
 #pragma once
 
 #include <kvstore/detail/key_map.hpp>
@@ -644,6 +646,12 @@ class shard {
     if (deferred_.active()) return deferred_.change(important);
     if (on_change_) on_change_(important, 1);
   }
+  // `n` plain changes at once (the keys of a batched frame served on the pool threads).
+  void changed_by(std::uint64_t n) {
+    if (!n) return;
+    if (deferred_.active()) return deferred_.change(false, n);
+    if (on_change_) on_change_(false, n);
+  }
 
   // ---- answers -------------------------------------------------------------------------------
 
@@ -850,9 +858,10 @@ class shard {
     return f;
   }
 
-  // Adds or copies `n` elements at slice offset `rel` into the round's merge buffer.
+  // Adds or copies `n` elements at slice offset `rel` into the round's merge buffer (a large
+  // sum cut over the apply pool unless `may_cut` is false: a pool thread's own work).
   template <class T>
-  void contribute(slice& s, std::uint64_t rel, const T* src, std::uint64_t n) {
+  void contribute(slice& s, std::uint64_t rel, const T* src, std::uint64_t n, bool may_cut = true) {
     T* m = reinterpret_cast<T*>(s.merge.data());
     s.cov.contribute(
         rel, rel + n,
@@ -860,18 +869,20 @@ class shard {
           if (m + b != src + (b - rel))
             std::memcpy(m + b, src + (b - rel), (e - b) * sizeof(T));  // else read in place
         },
-        [&](std::uint64_t b, std::uint64_t e) { sum_into<T>(m + b, src + (b - rel), e - b); });
+        [&](std::uint64_t b, std::uint64_t e) {
+          sum_into<T>(m + b, src + (b - rel), e - b, may_cut);
+        });
   }
   // d += a over n elements, cut over the apply pool's threads when large (as apply_range cuts
   // an update): each element's sum depends on that element alone, so the same bits. The loop
   // is the wire's plain add (blocks of 16 over restrict pointers), which GCC vectorizes at -O2,
   // RelWithDebInfo's and so kv_server's; a plain loop needs -O3 there.
   template <class T>
-  void sum_into(T* d, const T* a, std::uint64_t n) {
+  void sum_into(T* d, const T* a, std::uint64_t n, bool may_cut) {
     auto add = [&](std::uint64_t lo, std::uint64_t hi) {
       wire::convert_elements<true>(a + lo, hi - lo, d + lo, [](T x) { return x; });
     };
-    if (cut_over_pool(n)) return pool().run(n, parallel_apply_elements, add);
+    if (may_cut && cut_over_pool(n)) return pool().run(n, parallel_apply_elements, add);
     add(0, n);
   }
 
@@ -902,13 +913,14 @@ class shard {
     end_round_push(s, rank, reply_to<Port>{from, h.req_id, no_batch, /*each=*/true}, h.aux);
   }
   // Worker `rank`'s push number `seq` of the round is in: `to` is answered when the round
-  // completes.
-  void end_round_push(slice& s, int rank, reply_to<Port> to, std::uint64_t seq) {
+  // completes. On a pool thread (`fx`), what the io thread must do is left in `fx`.
+  void end_round_push(slice& s, int rank, reply_to<Port> to, std::uint64_t seq,
+                      pass_effects<slice>* fx = nullptr) {
     s.round_seq.set(rank, seq);
     s.round_done.insert(rank);
     s.round_waiters.push_back(std::move(to));
     if (!dead_.empty()) check_dead(s);
-    if (!s.round_waiters.empty()) maybe_complete(s);
+    if (!s.round_waiters.empty()) maybe_complete(s, fx);
   }
 
   // After each frame of an async push: on its last, the push is applied whole and answered.
@@ -928,9 +940,11 @@ class shard {
   }
 
   // Applies `n` elements at slice offset `rel`: stores them (no optimizer) or updates the
-  // weights with them as the gradient.
+  // weights with them as the gradient (cut over the apply pool when large, unless `may_cut`
+  // is false: a pool thread's own work).
   template <class T>
-  void apply_range(slice& s, const T* grad, std::uint64_t rel, std::uint64_t n, bool new_step) {
+  void apply_range(slice& s, const T* grad, std::uint64_t rel, std::uint64_t n, bool new_step,
+                   bool may_cut = true) {
     auto& v = s.mutable_value();
     T* w = reinterpret_cast<T*>(v.data()) + rel;
     auto& upd = updater<T>();
@@ -946,7 +960,8 @@ class shard {
       upd.fn(k, std::span<const T>(grad + lo, hi - lo), std::span<T>(w + lo, hi - lo),
              optim::updater<T>::view(st, rel + lo, hi - lo, s.mult));
     };
-    if (upd.elementwise && cut_over_pool(n)) return pool().run(n, parallel_apply_elements, update);
+    if (may_cut && upd.elementwise && cut_over_pool(n))
+      return pool().run(n, parallel_apply_elements, update);
     update(0, n);
   }
 
@@ -974,7 +989,9 @@ class shard {
 
   bool round_complete(const slice& s) const { return s.round_done.covers(cfg_.num_workers, left_); }
 
-  void maybe_complete(slice& s) {
+  // Applies the round of `s` if every worker's push is in. On a pool thread (`fx`), the change
+  // and the answers are left to the io thread (round_completed).
+  void maybe_complete(slice& s, pass_effects<slice>* fx = nullptr) {
     if (!round_complete(s)) return;
     with_dtype(s.type, [&]<class T>() {
       auto& upd = updater<T>();
@@ -983,7 +1000,8 @@ class shard {
       } else {
         bool first = true;
         s.cov.for_each([&](std::uint64_t b, std::uint64_t e) {
-          apply_range<T>(s, reinterpret_cast<const T*>(s.merge.data()) + b, b, e - b, first);
+          apply_range<T>(s, reinterpret_cast<const T*>(s.merge.data()) + b, b, e - b, first,
+                         /*may_cut=*/!fx);
           first = false;
         });
       }
@@ -994,7 +1012,16 @@ class shard {
         [&](int r, std::uint64_t q) { s.applied.set(r, std::max(s.applied.get(r), q)); });
     s.round_seq.clear();
     ++s.round;
+    if (fx) {
+      ++fx->changes;
+      fx->completed.push_back(&s);
+      return;
+    }
     changed();
+    round_completed(s);
+  }
+  // The round of `s` was applied: its pushes are answered, and the pulls waiting for it.
+  void round_completed(slice& s) {
     release_all(s.round_waiters, errc::ok, {});
     release_held(s);
     serve_parked(s);
