@@ -6,20 +6,22 @@
 #   bash scripts/gpu-bundle.sh [DIR]       # here
 #   bash DIR/run.sh [OUT]                  # there; results in OUT (default $OUT, else DIR/out)
 # run.sh runs the three CUDA test programs, compute-sanitizer memcheck of the dist one,
-# device_bench_cuda and kv_bench (RUN_KV_BENCH=0 skips it), each under a timeout, and writes
-# a log of the steps and a file per kind of step (at most 7 files). Debug info is stripped: the
+# device_bench_cuda, shard_bench (a server's shard with 1, 2, 4, ... threads) and kv_bench
+# (RUN_KV_BENCH=0 skips it), each under a timeout, and writes a log of the steps and a file per
+# kind of step (at most 8 files). Debug info is stripped: the
 # bundle is about 20 MB.
 # AB_BASE=REV also bundles kv_bench built at commit REV: run.sh then runs the two kv_bench
 # programs alternately (AB_ROUNDS times, default 3; arguments AB_ARGS, default the in-flight
 # and backprop cases at 1 x 1 and 2 x 2) and writes their ranges (scripts/ab_summary.py) to
-# ab.txt, one file more; the full kv_bench run is skipped then.
+# ab.txt, in place of kv_bench's two files; the full kv_bench run is skipped then.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/lib.sh
 
 dir=${1:-.gpu}
 programs=(tests/device/test_device_cuda tests/device/test_data_parallel_device_cuda
-  tests/device/test_dist_device_cuda benchmarks/cuda/device_bench_cuda benchmarks/kv_bench)
+  tests/device/test_dist_device_cuda benchmarks/cuda/device_bench_cuda benchmarks/kv_bench
+  benchmarks/shard_bench)
 
 command -v nvcc >/dev/null || {
   echo "gpu-bundle: no nvcc here: the CUDA programs cannot be built" >&2
@@ -71,6 +73,7 @@ for t in test_device_cuda test_data_parallel_device_cuda test_dist_device_cuda; 
 done
 step memcheck 120 compute-sanitizer --tool memcheck --leak-check full ./test_dist_device_cuda
 step device_bench_cuda 200 ./device_bench_cuda --json "$out/device_bench_cuda.json"
+step shard_bench 200 ./shard_bench
 if [[ -x kv_bench_base ]]; then
   # The base commit's kv_bench and this one's, alternated; the runs' outputs in one file.
   read -r -a ab_args <<<"${AB_ARGS:---only many_4096,backprop --setup 1x1,2x2 --reps 5}"

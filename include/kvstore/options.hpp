@@ -253,8 +253,9 @@ struct dist_options {
   unsigned threads = 0;
   /// Threads a server applies an element-wise optimizer (sgd, adam, adagrad, add) to a value of
   /// 512 Ki elements or more with, its io thread included; 0 = the number of cores, 1 = the io
-  /// thread alone. With 4 or more, a batched push of 2,048 keys or more (a multi-key push of
-  /// small keys) is also served on them, in runs of consecutive keys. KVSTORE_SERVER_THREADS.
+  /// thread alone. A batched push of 2,048 keys or more (a multi-key push of small keys, seen
+  /// before) is also served on them, in runs of consecutive keys: with 2 or more, or with 0 on a
+  /// machine of 4 cores or more. KVSTORE_SERVER_THREADS.
   unsigned server_threads = 0;
   /// Barrier with all workers when the store is destroyed.
   bool barrier_before_exit = true;

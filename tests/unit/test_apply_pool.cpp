@@ -9,6 +9,7 @@
 #include <kvstore/options.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <iterator>
@@ -109,6 +110,48 @@ TEST_CASE("many runs in a row; an exception in a chunk reaches the caller and th
   sum = 0;
   pool.run(64, 1, [&](std::uint64_t lo, std::uint64_t hi) { sum += hi - lo; });
   CHECK(sum == 64u);
+}
+
+TEST_CASE(
+    "run_parts: each part at once on a thread of its own, the same one run after run; parts may "
+    "wait for each other; an exception reaches the caller" *
+    doctest::timeout(60)) {
+  apply_pool pool(4);
+  std::vector<std::thread::id> first(4);
+  std::atomic<int> moved{0}, alone{0};
+  for (int r = 0; r < 200; ++r) {
+    // Each part waits (5 s at most) until all four started: parts run one after the other
+    // would each time out instead.
+    std::atomic<unsigned> started{0};
+    kvstore::detail::part_barrier all(4);
+    pool.run_parts(4, [&](unsigned p) {
+      ++started;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+      while (started < 4 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+      if (started < 4) ++alone;
+      all.arrive_and_wait();  // returns: every part arrived
+      if (r == 0)
+        first[p] = std::this_thread::get_id();
+      else if (first[p] != std::this_thread::get_id())
+        ++moved;
+    });
+  }
+  CHECK(alone == 0);
+  CHECK(moved == 0);
+  CHECK(first[0] == std::this_thread::get_id());  // part 0: the caller
+  CHECK(std::set<std::thread::id>(first.begin(), first.end()).size() == 4);
+  CHECK_THROWS_WITH_AS(pool.run_parts(3,
+                                      [](unsigned p) {
+                                        if (p == 2) throw std::runtime_error("part failed");
+                                      }),
+                       "part failed", std::runtime_error);
+  // The pool goes on, run() and run_parts() in turn; fewer parts than threads.
+  std::atomic<std::uint64_t> sum{0};
+  for (int r = 0; r < 500; ++r) {
+    pool.run(64, 1, [&](std::uint64_t lo, std::uint64_t hi) { sum += hi - lo; });
+    pool.run_parts(2, [&](unsigned p) { sum += p + 1; });
+  }
+  CHECK(sum == 500u * (64u + 3u));
 }
 
 namespace {

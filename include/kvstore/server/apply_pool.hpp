@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -21,11 +22,49 @@
 
 namespace kvstore::detail {
 
+// Jobs come back to back (a frame's runs of keys, frame after frame), and a futex wake costs
+// tens of microseconds on a loaded or virtual machine: a thread about to sleep until ready()
+// spins this long first.
+inline constexpr std::chrono::microseconds pool_spin_time{20};
+template <class Pred>
+void spin_until(Pred&& ready) {
+  const auto until = std::chrono::steady_clock::now() + pool_spin_time;
+  for (unsigned i = 1; !ready(); ++i) {
+    if (i % 64 == 0 && std::chrono::steady_clock::now() > until) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+}
+
+/// The parts of one apply_pool::run_parts job waiting for each other: each calls
+/// arrive_and_wait() once, which returns when all have.
+class part_barrier {
+ public:
+  explicit part_barrier(unsigned parts) : left_(parts) {}
+  void arrive_and_wait() {
+    if (left_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard lk(m_);  // a part between its check and its sleep sees 0 or is woken
+      all_.notify_all();
+      return;
+    }
+    spin_until([&] { return left_.load(std::memory_order_acquire) == 0; });
+    std::unique_lock lk(m_);
+    all_.wait(lk, [&] { return left_.load(std::memory_order_acquire) == 0; });
+  }
+
+ private:
+  std::atomic<unsigned> left_;
+  std::mutex m_;
+  std::condition_variable all_;
+};
+
 class apply_pool {
  public:
   /// `threads` in all, the caller's included (0: the number of cores); 1 starts no helper.
   explicit apply_pool(unsigned threads) {
-    for (unsigned i = 1; i < threads_for(threads); ++i) helpers_.emplace_back([this] { help(); });
+    for (unsigned i = 1; i < threads_for(threads); ++i)
+      helpers_.emplace_back([this, i] { help(i); });
   }
   /// The threads a pool asked for `threads` has (0: the number of cores).
   static unsigned threads_for(unsigned threads) noexcept {
@@ -36,6 +75,7 @@ class apply_pool {
     {
       std::lock_guard lk(m_);
       stop_ = true;
+      stopping_ = true;
     }
     wake_.notify_all();
     for (auto& t : helpers_) t.join();
@@ -62,13 +102,32 @@ class apply_pool {
       next_.store(0, std::memory_order_relaxed);
       left_ = chunks;
       error_ = nullptr;
-      ++generation_;
+      posted_.store(++generation_, std::memory_order_release);
     }
     wake_.notify_all();
     take_chunks();
-    std::unique_lock lk(m_);
-    // Every chunk done and every helper out of take_chunks: none reads job_ after this.
-    done_.wait(lk, [&] { return left_ == 0 && active_ == 0; });
+    auto lk = wait_done();
+    job_ = {};
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+  /// fn(p) for parts p = 0 .. parts - 1 at once, each on a thread of its own: part 0 on the
+  /// caller, part p on helper p, the same thread for the same part every time, so what a part
+  /// touched in one run is still in that thread's cache in the next, and parts may wait for each
+  /// other. parts <= threads(). Returns once every part is done; the first exception a part
+  /// threw is rethrown. One run at a time (the io thread's); fn must not call run().
+  void run_parts(unsigned parts, const std::function<void(unsigned)>& fn) {
+    if (parts <= 1) return fn(0);
+    {
+      std::lock_guard lk(m_);
+      job_ = {nullptr, 0, std::min(parts, threads()), &fn};
+      left_ = job_.chunks;
+      error_ = nullptr;
+      posted_.store(++generation_, std::memory_order_release);
+    }
+    wake_.notify_all();
+    run_part(0);
+    auto lk = wait_done();
     job_ = {};
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
@@ -77,7 +136,21 @@ class apply_pool {
   struct job {
     const std::function<void(std::uint64_t, std::uint64_t)>* fn = nullptr;
     std::uint64_t n = 0, chunks = 0;
+    const std::function<void(unsigned)>* part_fn = nullptr;  // run_parts' (chunks: its parts)
   };
+
+  // Part p of the current run_parts job.
+  void run_part(unsigned p) {
+    std::exception_ptr e;
+    try {
+      (*job_.part_fn)(p);
+    } catch (...) {
+      e = std::current_exception();
+    }
+    std::lock_guard lk(m_);
+    if (e && !error_) error_ = e;
+    --left_;
+  }
 
   // Takes chunks of the current job until none is left.
   void take_chunks() {
@@ -97,22 +170,48 @@ class apply_pool {
     }
   }
 
-  void help() {
+  // Helper `index` (1, 2, ...): takes chunks of run()'s jobs, and part `index` of run_parts'.
+  void help(unsigned index) {
     std::uint64_t seen = 0;
     for (;;) {
+      bool part = false;
+      spin_until([&] {
+        return posted_.load(std::memory_order_acquire) != seen ||
+               stopping_.load(std::memory_order_relaxed);
+      });
       {
         std::unique_lock lk(m_);
         wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
-        if (!job_.fn) continue;  // woke after that run ended
+        // A run() that ended before this helper woke; a run_parts() with no part for it. (A
+        // run_parts() does not end before each of its parts ran.)
+        part = job_.part_fn != nullptr;
+        if (part ? index >= job_.chunks : !job_.fn) continue;
         ++active_;
       }
-      take_chunks();
-      std::lock_guard lk(m_);
-      --active_;
+      if (part)
+        run_part(index);
+      else
+        take_chunks();
+      {
+        std::lock_guard lk(m_);
+        --active_;
+      }
       done_.notify_one();
     }
+  }
+
+  // The io thread: until every chunk or part is done and every helper is out of the job (none
+  // reads job_ after this), the lock held.
+  std::unique_lock<std::mutex> wait_done() {
+    spin_until([&] {
+      return left_.load(std::memory_order_acquire) == 0 &&
+             active_.load(std::memory_order_acquire) == 0;
+    });
+    std::unique_lock lk(m_);
+    done_.wait(lk, [&] { return left_ == 0 && active_ == 0; });
+    return lk;
   }
 
   std::mutex m_;
@@ -121,8 +220,11 @@ class apply_pool {
   // saw the new generation under m_; cleared by run() once every chunk is done.
   job job_;
   std::atomic<std::uint64_t> next_{0};
-  std::uint64_t left_ = 0, generation_ = 0;
-  unsigned active_ = 0;  // helpers inside take_chunks
+  // Written under m_; read without it too, while spinning (spin_until).
+  std::atomic<std::uint64_t> left_{0}, posted_{0};  // chunks or parts left; generation_
+  std::atomic<unsigned> active_{0};                 // helpers inside a job
+  std::atomic<bool> stopping_{false};               // stop_
+  std::uint64_t generation_ = 0;
   std::exception_ptr error_;
   bool stop_ = false;
   std::vector<std::thread> helpers_;

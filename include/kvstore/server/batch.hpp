@@ -5,7 +5,7 @@
 // the frame whole, naming the key. A request is answered once, when all its keys are done: a
 // countdown per request (batch_waits), not a waiter per key that allocates. A push of many keys
 // is served in runs of keys on the apply pool's threads where the machine has cores to spare
-// (push_on_pool). The shard (server/shard.hpp) keeps the rules; this file applies them key
+// (push_in_runs). The shard (server/shard.hpp) keeps the rules; this file applies them key
 // after key.
 #pragma once
 
@@ -17,6 +17,7 @@
 #include <kvstore/wire/messages.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -61,16 +62,17 @@ class batch_waits {
   }
   /// `n` more keys of request `id` wait.
   void add(std::uint32_t id, std::uint64_t n = 1) { e_[id].remaining += n; }
-  /// One key of request `id` is done (`status` ok, or its error: the first one is answered).
-  /// The last answers the request through `sh.answer`.
+  /// `keys` keys of request `id` are done (`status` ok, or its error: the first one is
+  /// answered). The last answers the request through `sh.answer`.
   template <class Shard>
-  void done(std::uint32_t id, errc status, const std::string& message, Shard& sh) {
+  void done(std::uint32_t id, errc status, const std::string& message, Shard& sh,
+            std::uint64_t keys = 1) {
     entry& e = e_[id];
     if (status != errc::ok && e.status == errc::ok) {
       e.status = status;
       e.message = message;
     }
-    if (--e.remaining) return;
+    if (e.remaining -= keys) return;
     Port port = std::move(e.port);
     e.port = Port{};
     const std::uint64_t req = e.req_id;
@@ -80,6 +82,15 @@ class batch_waits {
     free_ = id;
     --used_;
     sh.answer(port, req, st, std::move(msg));
+  }
+  /// Forgets request `id` unanswered (a frame about to be checked and served again).
+  void drop(std::uint32_t id) {
+    entry& e = e_[id];
+    e.port = Port{};
+    e.message.clear();
+    e.next_free = free_;
+    free_ = id;
+    --used_;
   }
   /// Requests waiting.
   std::size_t size() const noexcept { return used_; }
@@ -106,13 +117,23 @@ class batch_waits {
 
 /// What the pushes of a run of a batched frame's keys leave to the io thread when the run is
 /// served on an apply pool thread (batch_ops::push): the changes to report, how many keys now
-/// wait on the frame's countdown, and the slices whose round completed (their waiters are
-/// answered on the io thread once every run is done).
-template <class Slice>
+/// wait on the frame's countdown, and the waiters of the rounds that completed, answered on the
+/// io thread once every run is done: those of batched requests counted per request (a run
+/// completes thousands of rounds for the same two or three), the others one by one.
+template <class Port>
 struct pass_effects {
   std::uint64_t changes = 0;
   std::uint64_t waits = 0;
-  std::vector<Slice*> completed;
+  std::vector<std::pair<std::uint32_t, std::uint64_t>> batches;  // (request, keys done)
+  std::vector<reply_to<Port>> answers;
+
+  /// Round waiter `w` is answered ok.
+  void release(reply_to<Port>&& w) {
+    if (w.batch == no_batch) return answers.push_back(std::move(w));
+    for (auto& b : batches)
+      if (b.first == w.batch) return void(++b.second);
+    batches.emplace_back(w.batch, 1);
+  }
 };
 
 /// The shard's batched requests (a friend of it: the rules are the shard's).
@@ -208,30 +229,17 @@ struct batch_ops {
       throw error(errc::protocol, "a batched push of " + std::to_string(entries.size()) +
                                       " keys answered each past the last request id");
     auto& found = sh.batch_slices_;
-    try {
-      sh.refuse_if_left(rank, entries[0].key);
-      // Key i may be pushed in this frame: not twice in its round.
-      auto check = [&](const slice& s, const wire::batch_entry& e) {
-        if (sh.cfg_.sync && !s.duplicate(rank, e.aux) && s.round_done.count(rank))
-          throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
-                                          shard_t::key_str(e.key) + " twice in round " +
-                                          std::to_string(s.round));
-      };
-      find_slices(sh, h, entries, check);
-    } catch (const error& e) {
-      // A refused frame answered each: every key's push gets the refusal (a protocol error
-      // closes the connection instead).
-      if (!each || e.code() == make_error_code(errc::protocol)) throw;
-      const auto code = static_cast<errc>(e.code().value());
-      for (std::size_t i = 0; i < entries.size(); ++i)
-        sh.answer(from, h.req_id + i, code, e.what());
-      return;
-    }
+    // Key i may be pushed in this frame: not twice in its round.
+    auto check = [&](const slice& s, const wire::batch_entry& e) {
+      if (sh.cfg_.sync && !s.duplicate(rank, e.aux) && s.round_done.count(rank))
+        throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " +
+                                        shard_t::key_str(e.key) + " twice in round " +
+                                        std::to_string(s.round));
+    };
     // The only worker in the group: each key's round is this push alone, applied at once
     // (what the round would do, without its merge buffer and waiters).
     const bool alone = sh.cfg_.sync && sh.active_workers() == 1;
-    guard g(sh);
-    const std::uint32_t id = each ? no_batch : sh.waits_.open(from, h.req_id);
+    std::uint32_t id = no_batch;  // the frame's countdown (not each)
     // Key i's push is answered: now (each), or with the frame's countdown.
     auto answered = [&](std::size_t i) {
       if (each) sh.answer(from, h.req_id + i, errc::ok, {}, /*each=*/true);
@@ -239,7 +247,7 @@ struct batch_ops {
     with_dtype(h.type, [&]<class T>() {
       // Key i's push, its value at `value`. On a pool thread (`fx`) what only the io thread
       // may do is left in fx: there are no held pulls then, and no key is answered alone.
-      auto push_key = [&](std::size_t i, const T* value, pass_effects<slice>* fx) {
+      auto push_key = [&](std::size_t i, const T* value, pass_effects<Port>* fx) {
         slice& s = *found[i];
         const std::uint64_t n = s.size(), seq = entries[i].aux;
         const bool may_cut = fx == nullptr;  // a pool thread cuts no large value over the pool
@@ -277,14 +285,35 @@ struct batch_ops {
         applied();
       };
       const T* values = reinterpret_cast<const T*>(payload.data());
-      if (on_pool<T>(sh, entries.size(), each)) return push_on_pool<T>(sh, id, values, push_key);
+      if (const std::vector<slice*>* plan = plan_for_runs<T>(sh, h, entries, each)) {
+        sh.refuse_if_left(rank, entries[0].key);
+        guard g(sh);
+        id = sh.waits_.open(from, h.req_id);
+        if (push_in_runs<T>(sh, *plan, h, entries, id, values, check, push_key))
+          return sh.waits_.done(id, errc::ok, {}, sh);
+        sh.waits_.drop(id);  // a key failed its run's check: checked again below, in order
+      }
+      try {
+        sh.refuse_if_left(rank, entries[0].key);
+        find_slices(sh, h, entries, check);
+      } catch (const error& e) {
+        // A refused frame answered each: every key's push gets the refusal (a protocol error
+        // closes the connection instead).
+        if (!each || e.code() == make_error_code(errc::protocol)) throw;
+        const auto code = static_cast<errc>(e.code().value());
+        for (std::size_t i = 0; i < entries.size(); ++i)
+          sh.answer(from, h.req_id + i, code, e.what());
+        return;
+      }
+      guard g(sh);
+      id = each ? no_batch : sh.waits_.open(from, h.req_id);
       for (std::size_t i = 0; i < found.size(); ++i) {
         prefetch_ahead(found, i, found.size());
         push_key(i, values, nullptr);
         values += found[i]->size();
       }
+      if (!each) sh.waits_.done(id, errc::ok, {}, sh);
     });
-    if (!each) sh.waits_.done(id, errc::ok, {}, sh);
   }
 
   /// batch_pull: the keys' values one after the other, in data frames of at most chunk_bytes
@@ -365,48 +394,95 @@ struct batch_ops {
   // run of at least this many consecutive keys each (at ~0.3 us a key, a run is worth waking a
   // thread for; a frame holds at most client/batch.hpp's 4,096 keys, so up to four runs).
   static constexpr std::size_t parallel_batch_keys = 1024;
-  // ... and only by a pool of at least this many threads: with fewer cores, the workers' and
-  // servers' own threads already take them (on two cores it measured 5-15% slower).
-  static constexpr unsigned parallel_batch_threads = 4;
-
-  // Whether a push frame's keys go to the pool: enough of them, and nothing a key does needs
-  // the io thread (no key answered alone, no held pull or kept-back request to release, no
-  // dead worker to fail) or runs on one thread only (an optimizer that is not element-wise:
-  // an element-wise one already updates a large value on several threads at once).
-  template <class T>
-  static bool on_pool(shard_t& sh, std::size_t keys, bool each) {
-    if (each || keys < 2 * parallel_batch_keys ||
-        apply_pool::threads_for(sh.cfg_.apply_threads) < parallel_batch_threads)
-      return false;
-    if (!sh.held_.empty() || !sh.parked_.empty() || !sh.dead_.empty()) return false;
-    const auto& upd = sh.template updater<T>();
-    return !upd || upd.elementwise;
+  // ... and only with threads to spare: server_threads set to 2 or more, or left to the cores
+  // (0) on a machine of at least this many. (On two cores that also run the workers, two
+  // threads measured 3-5% slower: the workers' threads want the second core.)
+  static constexpr unsigned parallel_batch_cores = 4;
+  static bool batches_on_pool(unsigned server_threads) {
+    return server_threads ? server_threads >= 2
+                          : apply_pool::threads_for(0) >= parallel_batch_cores;
   }
 
-  // Serves the frame's keys with push_key(i, value, fx) on the pool's threads, in runs of
-  // consecutive keys (each key's slice is its own, and no two threads touch one). Then, on the
-  // io thread, what they left, in key order: the countdown grows by the keys that wait, the
-  // changes are counted, and the rounds that completed are answered. A key that threw ends its
-  // run; the others' effects still count, and the first exception is rethrown after.
-  template <class T, class PushKey>
-  static void push_on_pool(shard_t& sh, std::uint32_t id, const T* values, PushKey& push_key) {
-    const auto& found = sh.batch_slices_;
-    std::vector<std::uint64_t> at(found.size());  // where key i's value starts
-    for (std::size_t i = 1; i < found.size(); ++i) at[i] = at[i - 1] + found[i - 1]->size();
+  // The plan of a push frame whose keys go to the pool (push_in_runs), or nullptr: a frame seen
+  // before (its slices planned: frame_plans) of enough keys, where nothing a key does needs the
+  // io thread (no key answered alone, no held pull or kept-back request to release, no dead
+  // worker to fail) or runs on one thread only (an optimizer that is not element-wise: an
+  // element-wise one already updates a large value on several threads at once).
+  template <class T>
+  static const std::vector<slice*>* plan_for_runs(shard_t& sh, const wire::header& h,
+                                                  const wire::batch_entries& entries, bool each) {
+    if (each || entries.size() < 2 * parallel_batch_keys || !batches_on_pool(sh.cfg_.apply_threads))
+      return nullptr;
+    if (!sh.held_.empty() || !sh.parked_.empty() || !sh.dead_.empty()) return nullptr;
+    const auto& upd = sh.template updater<T>();
+    if (upd && !upd.elementwise) return nullptr;
+    return sh.plans_.find(entries, h.type, sh.slices_.frees());
+  }
+
+  // Serves a planned frame's keys in runs of consecutive keys, each run on a thread of its own
+  // (apply_pool::run_parts: the same thread for the same run every round, so its slices stay in
+  // its cache), in two steps: every run checks its keys against the plan and check(slice,
+  // entry), all wait for all, and only if every key passed does each run push its keys with
+  // push_key(i, value, fx); no two threads touch one slice. Then, on the io thread, what the
+  // runs left, in key order: the countdown grows by the keys that wait, the changes are
+  // counted, and the rounds that completed are answered (no held pull or kept-back request
+  // waits on them: plan_for_runs). False, nothing changed, when a key failed its check (the
+  // caller checks the frame again, key by key, and refuses it naming the first bad key). A key
+  // that throws while pushed ends its run; the others' effects still count, and the first
+  // exception is rethrown after.
+  template <class T, class Check, class PushKey>
+  static bool push_in_runs(shard_t& sh, const std::vector<slice*>& plan, const wire::header& h,
+                           const wire::batch_entries& entries, std::uint32_t id, const T* values,
+                           Check& check, PushKey& push_key) {
+    auto& found = sh.batch_slices_;
+    const std::size_t n = entries.size();
+    found.resize(n);
+    apply_pool& pool = sh.pool();
+    const auto parts =
+        static_cast<unsigned>(std::min<std::size_t>(pool.threads(), n / parallel_batch_keys));
+    auto first_of = [&](unsigned p) { return n * p / parts; };
+    std::vector<const T*> value_of(parts);  // where run p's first value starts
+    std::uint64_t at = 0;
+    std::size_t i = 0;
+    for (unsigned p = 0; p < parts; ++p) {
+      for (; i < first_of(p); ++i) at += entries[i].elements;
+      value_of[p] = values + at;
+    }
+    std::atomic<bool> bad{false};
+    part_barrier checked(parts);
     std::mutex m;
-    std::vector<std::pair<std::uint64_t, pass_effects<slice>>> runs;
+    std::vector<std::pair<std::uint64_t, pass_effects<Port>>> runs;
     std::exception_ptr failed;
     try {
-      sh.pool().run(found.size(), parallel_batch_keys, [&](std::uint64_t lo, std::uint64_t hi) {
-        pass_effects<slice> fx;
+      pool.run_parts(parts, [&](unsigned p) {
+        const std::size_t lo = first_of(p), hi = first_of(p + 1);
+        try {
+          for (std::size_t i = lo; i < hi && !bad.load(std::memory_order_relaxed); ++i) {
+            if (i + 8 < hi) prefetch_lines(plan[i + 8]);
+            slice& s = *plan[i];
+            if (!frame_plans<slice>::matches(s, entries[i], h.type)) {
+              bad = true;
+              break;
+            }
+            check(s, entries[i]);
+            found[i] = &s;
+          }
+        } catch (...) {
+          bad = true;
+        }
+        checked.arrive_and_wait();
+        if (bad) return;
+        pass_effects<Port> fx;
         auto keep = [&] {
           std::lock_guard lk(m);
           runs.emplace_back(lo, std::move(fx));
         };
         try {
-          for (std::uint64_t i = lo; i < hi; ++i) {
+          const T* value = value_of[p];
+          for (std::size_t i = lo; i < hi; ++i) {
             prefetch_ahead(found, i, hi);  // not past the run: another thread's slices
-            push_key(i, values + at[i], &fx);
+            push_key(i, value, &fx);
+            value += found[i]->size();
           }
         } catch (...) {
           keep();
@@ -417,6 +493,7 @@ struct batch_ops {
     } catch (...) {
       failed = std::current_exception();
     }
+    if (bad) return false;
     std::sort(runs.begin(), runs.end(),
               [](const auto& a, const auto& b) { return a.first < b.first; });
     std::uint64_t changes = 0;
@@ -425,9 +502,12 @@ struct batch_ops {
       if (r.second.waits) sh.waits_.add(id, r.second.waits);
     }
     sh.changed_by(changes);
-    for (auto& r : runs)
-      for (slice* s : r.second.completed) sh.round_completed(*s);
+    for (auto& r : runs) {
+      for (auto [request, keys] : r.second.batches) sh.waits_.done(request, errc::ok, {}, sh, keys);
+      for (auto& w : r.second.answers) sh.release(w, errc::ok, {});
+    }
     if (failed) std::rethrow_exception(failed);
+    return true;
   }
 
   // The first three cache lines of slice s (its id, sizes, rounds and marks) start loading.

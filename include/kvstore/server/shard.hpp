@@ -915,7 +915,7 @@ class shard {
   // Worker `rank`'s push number `seq` of the round is in: `to` is answered when the round
   // completes. On a pool thread (`fx`), what the io thread must do is left in `fx`.
   void end_round_push(slice& s, int rank, reply_to<Port> to, std::uint64_t seq,
-                      pass_effects<slice>* fx = nullptr) {
+                      pass_effects<Port>* fx = nullptr) {
     s.round_seq.set(rank, seq);
     s.round_done.insert(rank);
     s.round_waiters.push_back(std::move(to));
@@ -990,8 +990,8 @@ class shard {
   bool round_complete(const slice& s) const { return s.round_done.covers(cfg_.num_workers, left_); }
 
   // Applies the round of `s` if every worker's push is in. On a pool thread (`fx`), the change
-  // and the answers are left to the io thread (round_completed).
-  void maybe_complete(slice& s, pass_effects<slice>* fx = nullptr) {
+  // and the answers are left to the io thread (batch_ops::push_in_runs).
+  void maybe_complete(slice& s, pass_effects<Port>* fx = nullptr) {
     if (!round_complete(s)) return;
     with_dtype(s.type, [&]<class T>() {
       auto& upd = updater<T>();
@@ -1012,16 +1012,13 @@ class shard {
         [&](int r, std::uint64_t q) { s.applied.set(r, std::max(s.applied.get(r), q)); });
     s.round_seq.clear();
     ++s.round;
-    if (fx) {
+    if (fx) {  // no held pull or kept-back request waits (batch_ops::plan_for_runs)
       ++fx->changes;
-      fx->completed.push_back(&s);
+      for (auto& w : s.round_waiters) fx->release(std::move(w));
+      s.round_waiters.clear();
       return;
     }
     changed();
-    round_completed(s);
-  }
-  // The round of `s` was applied: its pushes are answered, and the pulls waiting for it.
-  void round_completed(slice& s) {
     release_all(s.round_waiters, errc::ok, {});
     release_held(s);
     serve_parked(s);
