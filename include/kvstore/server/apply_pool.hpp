@@ -62,7 +62,7 @@ class part_barrier {
 class apply_pool {
  public:
   /// `threads` in all, the caller's included (0: the number of cores); 1 starts no helper.
-  explicit apply_pool(unsigned threads) {
+  explicit apply_pool(unsigned threads) : wake_(threads_for(threads) - 1) {
     for (unsigned i = 1; i < threads_for(threads); ++i)
       helpers_.emplace_back([this, i] { help(i); });
   }
@@ -77,7 +77,7 @@ class apply_pool {
       stop_ = true;
       stopping_ = true;
     }
-    wake_.notify_all();
+    wake(threads() - 1);
     for (auto& t : helpers_) t.join();
   }
   apply_pool(const apply_pool&) = delete;
@@ -104,7 +104,7 @@ class apply_pool {
       error_ = nullptr;
       posted_.store(++generation_, std::memory_order_release);
     }
-    wake_.notify_all();
+    wake(static_cast<unsigned>(chunks) - 1);
     take_chunks();
     auto lk = wait_done();
     job_ = {};
@@ -125,7 +125,7 @@ class apply_pool {
       error_ = nullptr;
       posted_.store(++generation_, std::memory_order_release);
     }
-    wake_.notify_all();
+    wake(static_cast<unsigned>(job_.chunks) - 1);
     run_part(0);
     auto lk = wait_done();
     job_ = {};
@@ -152,11 +152,17 @@ class apply_pool {
     --left_;
   }
 
-  // Takes chunks of the current job until none is left.
-  void take_chunks() {
-    for (;;) {
+  // Wakes helpers 1 .. n (a job needs no more: a helper without a part or chunk would wake
+  // only to sleep again, and on a many-core host most have none).
+  void wake(unsigned n) {
+    for (unsigned i = 0; i < n && i < wake_.size(); ++i) wake_[i].notify_one();
+  }
+
+  // Takes chunks of the current job until none is left; whether it took one.
+  bool take_chunks() {
+    for (bool took = false;; took = true) {
       const std::uint64_t c = next_.fetch_add(1, std::memory_order_relaxed);
-      if (c >= job_.chunks) return;
+      if (c >= job_.chunks) return took;
       const std::uint64_t lo = job_.n * c / job_.chunks, hi = job_.n * (c + 1) / job_.chunks;
       std::exception_ptr e;
       try {
@@ -171,17 +177,21 @@ class apply_pool {
   }
 
   // Helper `index` (1, 2, ...): takes chunks of run()'s jobs, and part `index` of run_parts'.
+  // One that worked in the last job spins for the next before it sleeps; one that did not (no
+  // part or chunk was left for it) sleeps at once.
   void help(unsigned index) {
     std::uint64_t seen = 0;
-    for (;;) {
+    for (bool worked = false;;) {
       bool part = false;
-      spin_until([&] {
-        return posted_.load(std::memory_order_acquire) != seen ||
-               stopping_.load(std::memory_order_relaxed);
-      });
+      if (worked)
+        spin_until([&] {
+          return posted_.load(std::memory_order_acquire) != seen ||
+                 stopping_.load(std::memory_order_relaxed);
+        });
+      worked = false;
       {
         std::unique_lock lk(m_);
-        wake_.wait(lk, [&] { return stop_ || generation_ != seen; });
+        wake_[index - 1].wait(lk, [&] { return stop_ || generation_ != seen; });
         if (stop_) return;
         seen = generation_;
         // A run() that ended before this helper woke; a run_parts() with no part for it. (A
@@ -190,10 +200,12 @@ class apply_pool {
         if (part ? index >= job_.chunks : !job_.fn) continue;
         ++active_;
       }
-      if (part)
+      if (part) {
         run_part(index);
-      else
-        take_chunks();
+        worked = true;
+      } else {
+        worked = take_chunks();
+      }
       {
         std::lock_guard lk(m_);
         --active_;
@@ -215,7 +227,8 @@ class apply_pool {
   }
 
   std::mutex m_;
-  std::condition_variable wake_, done_;
+  std::vector<std::condition_variable> wake_;  // helper i + 1 sleeps on wake_[i]
+  std::condition_variable done_;
   // The current job: written under m_ before the helpers are woken, read by them after they
   // saw the new generation under m_; cleared by run() once every chunk is done.
   job job_;
