@@ -452,9 +452,8 @@ struct batch_ops {
     auto first_of = [&](unsigned p) { return n * p / parts; };
     std::vector<const T*> value_of(parts);  // where run p's first value starts
     std::uint64_t at = 0;
-    std::size_t i = 0;
-    for (unsigned p = 0; p < parts; ++p) {
-      for (; i < first_of(p); ++i) at += entries[i].elements;
+    for (std::size_t k = 0, p = 0; p < parts; ++p) {
+      for (; k < first_of(static_cast<unsigned>(p)); ++k) at += entries[k].elements;
       value_of[p] = values + at;
     }
     std::atomic<bool> bad{false};
