@@ -1035,7 +1035,10 @@ class shard {
   // pushes of this slice ahead of, if any. Only dist_async has a bound: in dist_sync a push is
   // answered once every worker's push of its round is in, so no worker is ever ahead.
   std::optional<int> laggard(int rank, const slice& s) const {
-    if (cfg_.sync || !cfg_.staleness) return std::nullopt;
+    if (cfg_.sync || !cfg_.staleness) return std::nullopt;  // inline: every pull of a key asks
+    return laggard_within_staleness(rank, s);
+  }
+  std::optional<int> laggard_within_staleness(int rank, const slice& s) const {
     const std::uint64_t own = pushes_of(s, rank);
     if (own <= *cfg_.staleness) return std::nullopt;
     for (int r = 0; r < cfg_.num_workers; ++r)
