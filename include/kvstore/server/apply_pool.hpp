@@ -139,17 +139,23 @@ class apply_pool {
     const std::function<void(unsigned)>* part_fn = nullptr;  // run_parts' (chunks: its parts)
   };
 
-  // Part p of the current run_parts job.
-  void run_part(unsigned p) {
+  // One chunk or part of the current job: run, its exception kept if it is the first, counted
+  // done.
+  template <class F>
+  void run_piece(F&& piece) {
     std::exception_ptr e;
     try {
-      (*job_.part_fn)(p);
+      piece();
     } catch (...) {
       e = std::current_exception();
     }
     std::lock_guard lk(m_);
     if (e && !error_) error_ = e;
     --left_;
+  }
+  // Part p of the current run_parts job.
+  void run_part(unsigned p) {
+    run_piece([&] { (*job_.part_fn)(p); });
   }
 
   // Wakes helpers 1 .. n (a job needs no more: a helper without a part or chunk would wake
@@ -164,15 +170,7 @@ class apply_pool {
       const std::uint64_t c = next_.fetch_add(1, std::memory_order_relaxed);
       if (c >= job_.chunks) return took;
       const std::uint64_t lo = job_.n * c / job_.chunks, hi = job_.n * (c + 1) / job_.chunks;
-      std::exception_ptr e;
-      try {
-        (*job_.fn)(lo, hi);
-      } catch (...) {
-        e = std::current_exception();
-      }
-      std::lock_guard lk(m_);
-      if (e && !error_) error_ = e;
-      --left_;
+      run_piece([&] { (*job_.fn)(lo, hi); });
     }
   }
 
