@@ -3,7 +3,8 @@
 // also runs the scheduler. Each runs its own io loop on its own thread, exactly as in a process of
 // its own (server/server.hpp, rendezvous/scheduler.hpp); the worker reaches its own shard over
 // loopback TCP like any other. KVStore<dist> starts them through detail::start_colocated, which
-// this header sets; kvstore.hpp includes it. The server runs the command handlers the program
+// this header sets in each source file that constructs a store; kvstore.hpp includes it. The
+// server runs the command handlers the program
 // registered (KVSTORE_REGISTER_COMMAND_HANDLER, spmd.hpp), as an SPMD server does.
 //
 // Lifetime: they start before the worker joins (the server's address goes with the worker's
@@ -133,7 +134,11 @@ inline std::unique_ptr<colocated_roles> start_colocated_node(const dist_options&
   return std::make_unique<colocated_node>(o);
 }
 
-/// Registers the colocated roles with KVStore<dist> before main() runs.
-inline const bool colocated_registered = (start_colocated = &start_colocated_node, true);
+/// Registers the colocated roles with KVStore<dist> before main() runs, from each source file
+/// that constructs a store (dist.hpp).
+template <class T>
+struct loop_registrar<colocated_loop, T> {
+  static inline const bool registered = (start_colocated = &start_colocated_node, true);
+};
 
 }  // namespace kvstore::detail

@@ -1,7 +1,8 @@
 // The server loop for programs launched SPMD (mpirun, Slurm, torchrun): every process runs the
 // same binary, and a KVStore<dist> constructed in a process whose role is server or scheduler
 // runs that role and exits the process when the job ends, as MXNet does. kvstore.hpp includes
-// this; a program that includes only dist.hpp never compiles the server loop. Such servers run
+// this; the server loop is compiled in a source file that includes this and constructs a store
+// (a program that includes only dist.hpp never compiles it). Such servers run
 // the command handlers the program registered (KVSTORE_REGISTER_COMMAND_HANDLER).
 #pragma once
 
@@ -72,8 +73,12 @@ inline command_handler registered_command_handler() {
   std::exit(rc);
 }
 
-/// Registers the loop with KVStore<dist> before main() runs.
-inline const bool spmd_loop_registered = (run_other_role = &run_role_and_exit, true);
+/// Registers the loop with KVStore<dist> before main() runs, from each source file that
+/// constructs a store (dist.hpp).
+template <class T>
+struct loop_registrar<spmd_loop, T> {
+  static inline const bool registered = (run_other_role = &run_role_and_exit, true);
+};
 
 }  // namespace detail
 }  // namespace kvstore
