@@ -18,6 +18,15 @@ bash scripts/setup-deps.sh
 failed=()
 summaries=()
 
+# stage NAME: the time since the previous stage goes to the summary's last line, so a run that
+# grows past CI's bound (45 minutes on two cores) shows where.
+stage_name=setup stage_start=$SECONDS
+stage_times=()
+stage() {
+  stage_times+=("$stage_name $((SECONDS - stage_start)) s")
+  stage_name=$1 stage_start=$SECONDS
+}
+
 # A full run writes about 5 GB (build/ alone 3.5): say so up front rather than fail mid-link.
 free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
 echo "== disk: $((free_kb / 1024 / 1024)) GiB free here =="
@@ -46,6 +55,7 @@ run_ctest() {
 }
 
 # The tree is clang-formatted and its include graph follows docs/DESIGN.md: cheap, so first.
+stage checks
 echo "== checks: clang-format, layers =="
 if git rev-parse --git-dir >/dev/null 2>&1; then
   if git ls-files -z '*.hpp' '*.cpp' '*.cu' | xargs -0 clang-format --dry-run -Werror; then
@@ -61,6 +71,7 @@ else
   failed+=("layers")
 fi
 
+stage build
 echo "== build (build/, RelWithDebInfo) =="
 configure build
 cmake --build build -j"$JOBS"
@@ -69,6 +80,7 @@ if cmake --build build --target help | grep -q '^docs:'; then
   cmake --build build --target docs || failed+=("docs")
 fi
 
+stage tests
 echo "== tests =="
 drop_objects build
 run_ctest tests build
@@ -86,6 +98,7 @@ if ((${#targets[@]})); then
   for san in thread address,undefined; do
     dir=build-tsan name="tsan"
     [[ $san == thread ]] || { dir=build-asan name="asan+ubsan"; }
+    stage "$name"
     echo "== $name: ${targets[*]} ($dir/) =="
     # -O1, as the sanitizers' manuals advise: half the compile time of -O2 under ASan (g++ of
     # test_dist_sync.cpp: 209 s -> 113 s), the same findings.
@@ -105,6 +118,7 @@ if ((${#targets[@]})); then
 fi
 
 # Benchmarks are measured by scripts/bench.sh; here each one only has to run in --quick mode.
+stage benchmarks
 bench_ok=0 bench_bad=0
 while read -r b; do
   [[ -n $b ]] || continue
@@ -116,6 +130,7 @@ done < <(executables build/benchmarks)
 # 0 skips), over a scratch copy of its corpus. The corpus itself is replayed by ctest above.
 fuzz_secs=${KVSTORE_FUZZ_SECONDS:-30}
 if ((fuzz_secs > 0)); then
+  stage fuzz
   echo "== fuzz: ${fuzz_secs} s per target (scripts/fuzz.sh) =="
   mkdir -p build-fuzz
   if bash scripts/fuzz.sh "$fuzz_secs" 2>&1 | tee build-fuzz/fuzz.log; then
@@ -126,10 +141,12 @@ if ((fuzz_secs > 0)); then
   fi
 fi
 
+stage end
 echo
 echo "== summary =="
 printf '%-22s %s\n' "benchmarks --quick:" "$bench_ok ran, $bench_bad failed"
 printf '%s\n' "${summaries[@]}"
+printf '%-22s %s\n' "time per stage:" "$(IFS=,; echo "${stage_times[*]}" | sed 's/,/, /g') (total $((SECONDS / 60)) min)"
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}"
   exit 1
