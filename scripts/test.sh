@@ -3,8 +3,9 @@
 # under ThreadSanitizer (build-tsan/) and Address+UndefinedBehavior sanitizers (build-asan/),
 # then a --quick smoke run of each benchmark. Exits non-zero if anything failed.
 # Environment: JOBS (default: nproc); KVSTORE_DROP_OBJECTS=1 (set by .ci/run) deletes build/'s
-# object files once it is built and each sanitizer tree's once its tests ran: a full run then
-# needs about 3.5 GB free at its peak (build/ just built) instead of 5, and leaves about 2 GB.
+# object files once it is built and each sanitizer tree's once its tests ran. Built with line
+# tables only (scripts/lib.sh), build/ is 1.3 GB, 0.8 of it object files; a run with
+# KVSTORE_DROP_OBJECTS=1 leaves about 1 GB in all (it was 2 with full debug information).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -27,11 +28,11 @@ stage() {
   stage_name=$1 stage_start=$SECONDS
 }
 
-# A full run writes about 5 GB (build/ alone 3.5): say so up front rather than fail mid-link.
+# A full run writes under 3 GB (build/ alone 1.3): say so up front rather than fail mid-link.
 free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
 echo "== disk: $((free_kb / 1024 / 1024)) GiB free here =="
-if ((free_kb < 6 * 1024 * 1024)); then
-  echo "warning: under 6 GiB free; a full run may fail with 'No space left on device'" >&2
+if ((free_kb < 3 * 1024 * 1024)); then
+  echo "warning: under 3 GiB free; a full run may fail with 'No space left on device'" >&2
 fi
 
 # drop_objects DIR: with KVSTORE_DROP_OBJECTS=1, delete DIR's object files (ccache, when present,
