@@ -21,7 +21,7 @@ summaries=()
 
 # stage NAME: the time since the previous stage goes to the summary's last line, so a run that
 # grows past CI's bound (45 minutes on two cores) shows where.
-stage_name=setup stage_start=$SECONDS
+stage_name=setup stage_start=0  # from the script's start: setup-deps.sh included
 stage_times=()
 stage() {
   stage_times+=("$stage_name $((SECONDS - stage_start)) s")
