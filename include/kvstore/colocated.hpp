@@ -4,8 +4,8 @@
 // its own (server/server.hpp, rendezvous/scheduler.hpp); the worker reaches its own shard over
 // loopback TCP like any other. KVStore<dist> starts them through detail::start_colocated, which
 // this header sets in each source file that constructs a store; kvstore.hpp includes it. The
-// server runs the command handlers the program
-// registered (KVSTORE_REGISTER_COMMAND_HANDLER, spmd.hpp), as an SPMD server does.
+// server runs the command handlers the program registered (KVSTORE_REGISTER_COMMAND_HANDLER,
+// spmd.hpp), as an SPMD server does.
 //
 // Lifetime: they start before the worker joins (the server's address goes with the worker's
 // registration, so the scheduler pairs the ranks) and stop after it left: once the worker said

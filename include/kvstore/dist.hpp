@@ -69,7 +69,7 @@ inline std::unique_ptr<colocated_roles> (*start_colocated)(const dist_options&) 
 /// sets its pointer before main(). KVStore<dist, T> names them with its own T, so only a source
 /// file that constructs a store instantiates them and compiles the server and scheduler: one that
 /// includes kvstore.hpp for the local store alone does not (g++ -O2 of the bare header: 29 s ->
-/// 8 s). Without the header that specializes it, `registered` is false and sets nothing.
+/// 9 s). Without the header that specializes it, `registered` is false and sets nothing.
 template <class Loop, class T>
 struct loop_registrar {
   static constexpr bool registered = false;
@@ -97,7 +97,8 @@ class KVStore<dist, T> {
   KVStore() : KVStore(dist_options::from_env()) {}
   /// Joins the job; throws kvstore::error when the scheduler or a server cannot be reached
   /// within connect_timeout. In a process whose role is server or scheduler this runs that role
-  /// and exits the process when the job ends (the program must include kvstore.hpp or spmd.hpp).
+  /// and exits the process when the job ends (the source file that constructs the store must
+  /// include kvstore.hpp or spmd.hpp).
   explicit KVStore(const dist_options& o) {
     (void)detail::loop_registrar<detail::spmd_loop, T>::registered;
     if (o.role != role::worker) {

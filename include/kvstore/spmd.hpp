@@ -2,8 +2,8 @@
 // same binary, and a KVStore<dist> constructed in a process whose role is server or scheduler
 // runs that role and exits the process when the job ends, as MXNet does. kvstore.hpp includes
 // this; the server loop is compiled in a source file that includes this and constructs a store
-// (a program that includes only dist.hpp never compiles it). Such servers run
-// the command handlers the program registered (KVSTORE_REGISTER_COMMAND_HANDLER).
+// (a program that includes only dist.hpp never compiles it). Such servers run the command
+// handlers the program registered (KVSTORE_REGISTER_COMMAND_HANDLER).
 #pragma once
 
 #include <kvstore/detail/log.hpp>
