@@ -7,11 +7,11 @@
 
 #include <kvstore/client/batch.hpp>
 #include <kvstore/client/call.hpp>
-#include <kvstore/client/call_plan.hpp>
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/fusion.hpp>
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/client/key_table.hpp>
+#include <kvstore/client/multi_key.hpp>
 #include <kvstore/client/partition.hpp>
 #include <kvstore/client/requests.hpp>
 #include <kvstore/detail/block_pool.hpp>
@@ -165,7 +165,7 @@ class KVStore<dist, T> {
     }
     // The records, added under one lock (a key named twice is found there, its first record
     // marked by this call); the small keys batched, the others one by one.
-    const std::uint64_t call = next_batch_call();
+    const std::uint64_t call = impl_->calls.next_call();
     std::vector<std::unique_ptr<record>> made;
     made.reserve(ks.size());
     for (std::size_t i = 0; i < ks.size(); ++i) {
@@ -182,7 +182,7 @@ class KVStore<dist, T> {
       if (other) detail::check_same_name("init", other->k, ks[taken]);
       fail(errc::already_inited, call_kind::init, ks[taken], "inited twice");
     }
-    detail::batch<std::span<const T>> small(next_batch_call(), ks.size());
+    detail::batch<std::span<const T>> small(impl_->calls.next_call(), ks.size());
     std::vector<std::pair<record*, std::shared_ptr<detail::op_state>>> sent;
     for (std::size_t i = 0; i < ks.size(); ++i) {
       if (detail::batches<T>::small(*added[i]))
@@ -629,9 +629,7 @@ class KVStore<dist, T> {
     detail::fusion<T> fuse;    // one-key pushes of small keys, fused while a link is busy
     detail::engine eng;        // destroyed before the client: no op outlives the network
     detail::key_table keys;
-    std::mutex batch_m;             // multi-key calls mark their keys' records under it
-    std::uint64_t batch_calls = 0;  // numbers those calls (under batch_m)
-    detail::call_plans plans[2];    // recent multi-key pushes' and pulls' keys (under batch_m)
+    detail::multi_key_calls<T> calls;  // splits multi-key calls; their plans
     std::atomic<bool> left{false};
     // The device work of device_span calls (device/dist_bridge.hpp), made on the first one.
     // Last: destroyed first, its completions drained while the engine and client still exist.
@@ -717,12 +715,6 @@ class KVStore<dist, T> {
     return st;
   }
 
-  // A number for a multi-key call's batch, unique in the store.
-  std::uint64_t next_batch_call() {
-    std::lock_guard lk(impl_->batch_m);
-    return ++impl_->batch_calls;
-  }
-
   // The shared state of a new op of `parts` parts; its wait() spins as the options say.
   std::shared_ptr<detail::op_state> new_state(std::size_t parts) const {
     auto st = detail::make_pooled<detail::op_state>(parts);
@@ -765,129 +757,35 @@ class KVStore<dist, T> {
     return o.fuse_bytes == 0 && impl_->reqs.travels_plain(m, false);
   }
 
-  // A multi-key call: its small keys in batches of at most batch_keys, in the call's order
-  // (each key with what its frames need of its record, read while the record is at hand), and
-  // the others grouped by key.
+  // A multi-key call split (client/multi_key.hpp): every key found and checked, the first bad
+  // one throwing, naming it, before anything is queued.
   template <class Buf>
-  struct split_call {
-    std::vector<std::shared_ptr<detail::batch<Buf>>> small;
-    bool repeats = false;  // a small key named twice: they go in one batch (submit_small)
-    std::vector<detail::key_group<record*, Buf>> large;
-    // Or a call that follows a plan of distinct keys, all batched: its batches are cut from the
-    // plan's entries (and `bufs`) as they are submitted, so the first is on the wire while the
-    // next are built, and no lock is held meanwhile.
-    std::shared_ptr<const std::vector<detail::call_plans::key_entry>> planned;
-    std::span<const Buf> bufs;
-    std::size_t batches() const noexcept {
-      if (planned) return (planned->size() + batch_keys - 1) / batch_keys;
-      return repeats ? 1 : small.size();
-    }
-  };
-  // Keys per batch (one engine op): a call's first batch goes out while the next is queued, and
-  // the buffers of one stay well below what malloc maps afresh per call.
-  static constexpr std::size_t batch_keys = std::size_t{1} << 15;
-
-  // Every key found and checked before anything is queued (the first bad one throws, naming
-  // it), under one hold of the key table. A call naming the same keys as a recent call of its
-  // kind skips the lookups: its keys and sizes are compared with that call's plan
-  // (client/call_plan.hpp), which was checked then.
-  template <class Buf>
-  split_call<Buf> split(call_kind call, std::span<const key> ks, std::span<const Buf> bufs) {
-    split_call<Buf> out;
-    std::vector<record*> large;
-    std::vector<Buf> large_bufs;
+  detail::split_call<Buf> split(call_kind call, std::span<const key> ks,
+                                std::span<const Buf> bufs) {
     const bool pull = call == call_kind::pull;
-    // A pull that may have to wait for slower workers (dist_async with staleness) is held by
-    // the servers key by key: those go one by one.
-    const bool batch_ok = !pull || impl_->opts.sync || !impl_->opts.staleness;
-    // A key's small batch: a new one every batch_keys keys.
-    auto batch_of = [&](std::size_t i) -> detail::batch<Buf>& {
-      if (out.small.empty() || out.small.back()->size() == batch_keys)
-        out.small.push_back(
-            std::make_shared<detail::batch<Buf>>(0, std::min(batch_keys, ks.size() - i)));
-      return *out.small.back();
-    };
-    {
-      // The batch marks of the records (key_record::batch_call) and the plans are this lock's.
-      std::lock_guard marks(impl_->batch_m);
-      auto lk = impl_->keys.read_lock();
-      detail::call_plans& plans = impl_->plans[pull ? 1 : 0];
-      const detail::call_plans::version now{impl_->keys.removals_locked(),
-                                            detail::packed(impl_->reqs.store_compression())};
-      const auto* followed = pull || !impl_->left ? plans.find(ks, bufs, now) : nullptr;
-      if (followed && followed->info.all_batched && !followed->info.repeats) {
-        out.planned = followed->shared_entries();
-        out.bufs = bufs;
-      } else if (followed) {
-        const detail::call_plans::plan& plan = *followed;
-        for (std::size_t i = 0; i < ks.size(); ++i) {
-          const detail::call_plans::key_entry& e = plan[i];
-          if (e.batched) {
-            batch_of(i).entries.push_back({e.rec, bufs[i], e.id, e.total, e.server});
-          } else {
-            large.push_back(e.rec);
-            large_bufs.push_back(bufs[i]);
-          }
-        }
-        out.repeats = plan.info.repeats;
-      } else {
-        detail::call_plans::plan* plan = plans.start(ks, impl_->keys.size_locked(), now);
-        bool named = false;
-        const std::uint64_t stamp = ++impl_->batch_calls;
-        for (std::size_t i = 0; i < ks.size(); ++i) {
-          impl_->keys.prefetch_ahead_locked([&](std::size_t j) { return ks[j].id(); }, i,
-                                            ks.size());
-          const std::uint64_t id = ks[i].id();
-          record* m = checked(impl_->keys.find_locked(id), call, ks[i], bufs[i].size());
-          const bool batched =
-              batch_ok && detail::batches<T>::small(*m) && impl_->reqs.travels_plain(*m, pull);
-          named = named || ks[i].is_named();
-          if (plan) plan->add({m, id, m->total, m->home, batched});
-          if (batched) {
-            out.repeats = out.repeats || m->batch_call == stamp;
-            m->batch_call = stamp;
-            batch_of(i).add_distinct(m, id, bufs[i]);
-          } else {
-            large.push_back(m);
-            large_bufs.push_back(bufs[i]);
-          }
-        }
-        if (plan && !named) plans.finish(*plan, out.repeats);  // else never followed
-      }
-    }
-    if (!large.empty())
-      out.large = detail::group_by_key<record*>(
-          std::span<const Buf>(large_bufs), [&](std::size_t i) { return large[i]; },
-          [](const record* a, const record* b) { return a == b; });
-    return out;
+    const dist_options& o = impl_->opts;
+    const typename detail::multi_key_calls<T>::call_context cx{
+        impl_->keys, impl_->reqs, /*batch_ok=*/!pull || o.sync || !o.staleness,
+        /*follow_plans=*/pull || !impl_->left};
+    return impl_->calls.split(call, ks, bufs, cx, [&](record* m, std::size_t i) {
+      return checked(m, call, ks[i], bufs[i].size());
+    });
   }
 
   // The small keys of a call, each batch one engine op over its keys; all in one batch when a
   // key is named twice (its buffers are summed, or each filled, together).
   template <class Buf, class Run>
-  void submit_small(split_call<Buf>& c, int priority, const std::shared_ptr<detail::op_state>& st,
-                    Run run) {
+  void submit_small(detail::split_call<Buf>& c, int priority,
+                    const std::shared_ptr<detail::op_state>& st, Run run) {
     if (c.planned) {
-      const auto& plan = *c.planned;
-      for (std::size_t lo = 0; lo < plan.size(); lo += batch_keys) {
-        const std::size_t hi = std::min(plan.size(), lo + batch_keys);
-        auto b = std::make_shared<detail::batch<Buf>>(0, hi - lo);
-        for (std::size_t i = lo; i < hi; ++i)
-          b->entries.push_back({plan[i].rec, c.bufs[i], plan[i].id, plan[i].total, plan[i].server});
-        submit_batch(std::move(b), priority, st, run);
-      }
+      constexpr std::size_t batch_keys = detail::split_call<Buf>::batch_keys;
+      for (std::size_t lo = 0; lo < c.planned->size(); lo += batch_keys)
+        submit_batch(c.planned_batch(lo, std::min(c.planned->size(), lo + batch_keys)), priority,
+                     st, run);
       return;
     }
     if (c.small.empty()) return;
-    if (c.repeats) {
-      std::size_t n = 0;
-      for (auto& b : c.small) n += b->size();
-      std::lock_guard marks(impl_->batch_m);
-      auto one = std::make_shared<detail::batch<Buf>>(++impl_->batch_calls, n);
-      for (auto& b : c.small)
-        for (auto& e : b->entries) one->add(e.rec, e.id, e.buf);
-      return submit_batch(std::move(one), priority, st, run);
-    }
+    if (c.repeats) return submit_batch(impl_->calls.merged(c), priority, st, run);
     for (auto& b : c.small) submit_batch(std::move(b), priority, st, run);
   }
 
