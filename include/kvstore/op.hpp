@@ -33,7 +33,17 @@ struct op_state {
   std::exception_ptr error;
   std::atomic<bool> finished{false};  // remaining reached 0 (read without the lock by spinners)
   unsigned spin_us = 0;               // wait() polls `finished` this long before sleeping
+  unsigned sleepers = 0;              // threads asleep in wait_done (under m)
   continuation then;
+
+  /// Sleeps until every part has completed (`lk` holds m). The last part wakes only ops that
+  /// have a sleeper: most ops of a busy worker are done before anyone waits on them.
+  void wait_done(std::unique_lock<std::mutex>& lk) {
+    if (remaining == 0) return;
+    ++sleepers;
+    cv.wait(lk, [&] { return remaining == 0; });
+    --sleepers;
+  }
 
   void complete_part(std::exception_ptr e = nullptr) {
     std::exception_ptr first;
@@ -42,7 +52,7 @@ struct op_state {
       if (e && !error) error = e;
       if (remaining == 0 || --remaining != 0) return;
       finished.store(true, std::memory_order_release);
-      cv.notify_all();
+      if (sleepers) cv.notify_all();
       if (!then) return;
       first = error;
     }
@@ -68,7 +78,7 @@ class op {
     if (!s_) return;
     if (s_->spin_us && !s_->finished.load(std::memory_order_acquire)) spin();
     std::unique_lock lk(s_->m);
-    s_->cv.wait(lk, [&] { return s_->remaining == 0; });
+    s_->wait_done(lk);
     if (s_->error) std::rethrow_exception(s_->error);
   }
   /// True once done (successfully or not); never blocks.

@@ -142,6 +142,33 @@ TEST_CASE("parallel_for covers the range once, also from inside a task" * doctes
   for (int h : hits) REQUIRE(h == 1);
 }
 
+TEST_CASE("op::wait: every thread asleep on an op wakes when its last part completes" *
+          doctest::timeout(30)) {
+  // The last part wakes an op's sleepers only when it has some: each must still be woken.
+  for (int round = 0; round < 50; ++round) {
+    auto st = std::make_shared<op_state>(2);
+    std::atomic<int> woke{0};
+    std::vector<std::thread> waiters;
+    for (int i = 0; i < 3; ++i)
+      waiters.emplace_back([st, &woke] {
+        kvstore::op(st).wait();
+        ++woke;
+      });
+    st->complete_part();
+    std::this_thread::sleep_for(std::chrono::microseconds(round * 20));  // some asleep, or not
+    CHECK(woke.load() == 0);
+    st->complete_part();
+    for (auto& t : waiters) t.join();
+    CHECK(woke.load() == 3);
+    CHECK(st->sleepers == 0);
+  }
+  // An op already done does not sleep.
+  auto done = std::make_shared<op_state>(1);
+  done->complete_part();
+  kvstore::op(done).wait();
+  CHECK(done->sleepers == 0);
+}
+
 TEST_CASE("op::then runs after the op is done and its op waits for it" * doctest::timeout(30)) {
   // Already done: f runs at once, on this thread.
   int ran = 0;

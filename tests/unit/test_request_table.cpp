@@ -60,15 +60,26 @@ TEST_CASE("request_table: a run of fused pushes answered at once" * doctest::tim
   request_table t;
   const auto now = std::chrono::steady_clock::now();
   const auto first = t.next_ids(4);
-  for (std::uint64_t i = 0; i < 4; ++i) t.add(first + i, 1, req(), now, 1000ms);
-  CHECK(t.take(first + 2));                 // failed earlier (its deadline): skipped by the run
-  CHECK(t.take_run(first, 4).size() == 3);  // more than wait now: found by a walk of the table
+  std::vector<std::shared_ptr<kvstore::detail::op_state>> ops;
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    auto r = req();
+    ops.push_back(r.done);
+    t.add(first + i, 1, std::move(r), now, 1000ms);
+  }
+  CHECK(t.take(first + 2));         // failed earlier (its deadline): skipped by the run
+  auto run = t.take_run(first, 4);  // more than wait now: found by a walk of the table
+  REQUIRE(run.size() == 3);
+  for (int i : {0, 1, 3})  // the requests' own ops
+    CHECK(std::find(run.begin(), run.end(), ops[static_cast<std::size_t>(i)]) != run.end());
   CHECK(t.in_flight(1) == 0);
   const auto second = t.next_ids(3);
   for (std::uint64_t i = 0; i < 3; ++i) t.add(second + i, 1, req(), now, 1000ms);
   const auto other = t.next_ids();
   t.add(other, 2, req(), now, 1000ms);
-  CHECK(t.take_run(second, 2).size() == 2);  // fewer than wait: looked up one by one
+  const auto looked_up = t.take_run(second, 2);  // fewer than wait: looked up one by one
+  REQUIRE(looked_up.size() == 2);
+  CHECK(looked_up[0] != nullptr);
+  CHECK(looked_up[1] != nullptr);
   CHECK(t.size() == 2);
   // Ids never sent are a protocol error, and take nothing.
   CHECK_THROWS_AS(t.take_run(second, 5), kvstore::error);

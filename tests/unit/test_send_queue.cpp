@@ -147,3 +147,29 @@ TEST_CASE("send_queue: acks whose ids follow on merge into one answer" * doctest
   q.pop();
   CHECK(q.front().h.aux == 2);
 }
+
+TEST_CASE("send_queue: an ack header extends the acks queued last, without a frame" *
+          doctest::timeout(60)) {
+  send_queue q;
+  CHECK(!q.extend_acks(acks(1, 1).h));  // nothing queued: it needs a frame of its own
+  CHECK(q.push(acks(1, 1)));
+  CHECK(q.extend_acks(acks(2, 1).h));
+  CHECK(q.extend_acks(acks(3, 2).h));
+  CHECK(q.size() == 1);
+  CHECK(q.front().h.aux == 4);
+  // Not extended: a gap, another sender, another priority, an error.
+  CHECK(!q.extend_acks(acks(6, 1).h));
+  CHECK(!q.extend_acks(acks(5, 1, /*sender=*/4).h));
+  auto other_priority = acks(5, 1);
+  other_priority.h.priority = 2;
+  CHECK(!q.extend_acks(other_priority.h));
+  auto err = acks(5, 1);
+  err.h.status = 7;
+  CHECK(!q.extend_acks(err.h));
+  CHECK(q.size() == 1);
+  CHECK(q.front().h.aux == 4);
+  // Behind a frame that is not an ack: a frame of its own.
+  CHECK(q.push(frame(0, 99)));
+  CHECK(!q.extend_acks(acks(5, 1).h));
+  CHECK(q.size() == 2);
+}

@@ -434,12 +434,12 @@ class worker_client final : public transport::frame_handler {
   // An ok answer to requests [first, first + n) (fused pushes, client/fusion.hpp): each one
   // still pending completes.
   void take_each(std::uint64_t first, std::uint64_t n) {
-    std::vector<request> done;
+    std::vector<std::shared_ptr<op_state>> done;
     {
       std::lock_guard lk(m_);
       done = pending_.take_run(first, n);
     }
-    for (auto& r : done) r.done->complete_part();
+    for (auto& op : done) op->complete_part();
   }
 
   std::optional<request> take(std::uint64_t id) {

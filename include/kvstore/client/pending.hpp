@@ -29,6 +29,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -118,19 +119,21 @@ class request_table {
   /// Entries kept for reuse while no request waits (about 250 bytes each); more are freed then.
   static constexpr std::size_t kept_entries = 4096;
 
-  /// Removes and returns those of requests [first, first + n) that still wait (one answer to
-  /// fused pushes; some may have failed at their deadline). Ids never sent are a peer out of
-  /// its mind: a protocol error. The work is bounded by the requests waiting, whatever n says.
-  std::vector<pending_request> take_run(std::uint64_t first, std::uint64_t n) {
+  /// Removes those of requests [first, first + n) that still wait (one ok answer to pushes;
+  /// some may have failed at their deadline) and returns their ops: an ok answer to pushes needs
+  /// nothing else of them, so no whole request is moved. Ids never sent are a peer out of its
+  /// mind: a protocol error. The work is bounded by the requests waiting, whatever n says.
+  std::vector<std::shared_ptr<op_state>> take_run(std::uint64_t first, std::uint64_t n) {
     if (first == 0 || first > next_id_ || n > next_id_ - first)
       throw error(errc::protocol,
                   "an answer to " + std::to_string(n) + " requests, some of them never sent");
     if (n > index_.size())
-      return take_if([&](std::uint64_t id, const pending_request&) { return id - first < n; });
-    std::vector<pending_request> out;
+      return take_if([&](std::uint64_t id, const pending_request&) { return id - first < n; },
+                     [this](entry& e) { return take_op(e); });
+    std::vector<std::shared_ptr<op_state>> out;
     out.reserve(static_cast<std::size_t>(n));
     for (std::uint64_t i = 0; i < n; ++i)
-      if (entry* e = index_.find(first + i)) out.push_back(take(*e));
+      if (entry* e = index_.find(first + i)) out.push_back(take_op(*e));
     return out;
   }
 
@@ -165,23 +168,41 @@ class request_table {
     pending_request r;
   };
 
+  // The requests `pred` picks, each removed by `take_one` (take: the whole request; take_op: its
+  // op), in the order of the entries.
+  template <class Pred, class Take>
+  std::vector<std::invoke_result_t<Take&, entry&>> take_if(Pred pred, Take take_one) {
+    std::vector<std::invoke_result_t<Take&, entry&>> out;
+    // By index: a take that empties the table may drop the entries (release).
+    for (std::size_t i = 0; i < entries_.size(); ++i)
+      if (entries_[i].live && pred(entries_[i].id, entries_[i].r))
+        out.push_back(take_one(entries_[i]));
+    return out;
+  }
   template <class Pred>
   std::vector<pending_request> take_if(Pred pred) {
-    std::vector<pending_request> out;
-    // By index: a take that empties the table may drop the entries (take(entry&)).
-    for (std::size_t i = 0; i < entries_.size(); ++i)
-      if (entries_[i].live && pred(entries_[i].id, entries_[i].r)) out.push_back(take(entries_[i]));
-    return out;
+    return take_if(pred, [this](entry& e) { return take(e); });
   }
 
   // Removes the request of a live entry and returns it, keeping its server's count; the entry
   // is free to reuse (and all go, if more than kept_entries, once no request waits).
   pending_request take(entry& e) {
+    pending_request r = std::move(e.r);
+    release(e);
+    return r;
+  }
+  // The same, returning only the request's op.
+  std::shared_ptr<op_state> take_op(entry& e) {
+    std::shared_ptr<op_state> op = std::move(e.r.done);
+    release(e);
+    return op;
+  }
+  // A live entry's request is taken: the entry is freed, its server counted down.
+  void release(entry& e) {
     const int peer = e.r.peer;
     if (peer >= 0 && static_cast<std::size_t>(peer) < per_server_.size() &&
         per_server_[static_cast<std::size_t>(peer)])
       --per_server_[static_cast<std::size_t>(peer)];
-    pending_request r = std::move(e.r);
     e.r = pending_request{};  // what a moved-from request may still hold goes now
     e.live = false;
     index_.erase(e.id);
@@ -192,7 +213,6 @@ class request_table {
     } else {
       free_.push_back(&e);
     }
-    return r;
   }
 
   std::deque<entry> entries_;            // never moves one: index_ and free_ point into it

@@ -267,7 +267,7 @@ struct device_impl {
     if (!last) return;
     // The key's ops complete in order on the device, so the last one done means all are.
     std::unique_lock lk(last->m);
-    last->cv.wait(lk, [&] { return last->remaining == 0; });
+    last->wait_done(lk);
   }
   /// Returns once every op issued before the call is done, device work included.
   void wait_all() {

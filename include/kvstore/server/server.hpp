@@ -44,6 +44,15 @@ struct connection_port {
     h.status = static_cast<std::uint32_t>(status);
     send(h, {}, {}, std::move(msg));
   }
+  /// An ok answer to pushes first .. first + n - 1 (wire::acks_header), merged by the connection
+  /// with the acks queued before it.
+  void ack(std::uint64_t first, std::uint64_t n = 1) const {
+    auto c = conn.lock();
+    if (!c) return;
+    wire::header h = wire::acks_header(first, n);
+    h.sender = *sender;
+    c->send_acks(h);
+  }
   bool same_peer(const connection_port& o) const {
     return !conn.owner_before(o.conn) && !o.conn.owner_before(conn);
   }

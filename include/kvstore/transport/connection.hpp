@@ -141,6 +141,19 @@ class connection : public std::enable_shared_from_this<connection> {
       asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
   }
 
+  /// Queues `h`, an ok answer to pushes (wire::acks_header, sender set); thread-safe. When it
+  /// continues the acks queued last it extends them in place, with no frame built or moved.
+  void send_acks(const wire::header& h) {
+    {
+      std::lock_guard lk(qm_);
+      if (closed_) return;
+      if (queue_.extend_acks(h)) return;
+    }
+    out_frame f;
+    f.h = h;
+    send(std::move(f));
+  }
+
   /// Returns once no caller's thread is inside a direct write (send with may_write_now) on this
   /// connection, ordered after the writes that finished. The peer may answer a frame before the
   /// sendmsg that wrote it has returned (and sanitizers read the frame's buffers after the

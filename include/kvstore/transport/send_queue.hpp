@@ -43,6 +43,16 @@ class send_queue {
     return true;
   }
 
+  /// Extends the acks queued last at h's priority when h (an acks header: wire::is_acks) continues
+  /// them; false when it does not, and h needs a frame of its own. A server answering many
+  /// pushes of one read so builds one frame for them, not a frame each to merge.
+  bool extend_acks(const wire::header& h) noexcept {
+    if (runs_.empty()) return false;
+    auto it = std::lower_bound(runs_.begin(), runs_.end(), h.priority,
+                               [](const run& r, std::int32_t q) { return r.priority > q; });
+    return it != runs_.end() && it->priority == h.priority && it->merges(h, false);
+  }
+
   /// The frame to write next (not empty()).
   out_frame& front() noexcept { return runs_.front().front(); }
 
@@ -78,13 +88,14 @@ class send_queue {
     bool empty() const noexcept { return head == frames.size(); }
     // f continues the acks queued last: extend them (headers already checked by is_acks, with
     // the payload and text sizes the connection set from the frame).
-    bool merges(const out_frame& f) noexcept {
-      if (empty() || !wire::is_acks(f.h) || f.keep) return false;
+    bool merges(const out_frame& f) noexcept { return merges(f.h, f.keep != nullptr); }
+    bool merges(const wire::header& h, bool kept) noexcept {
+      if (empty() || !wire::is_acks(h) || kept) return false;
       wire::header& last = frames.back().h;
-      if (!wire::is_acks(last) || last.sender != f.h.sender || frames.back().keep ||
-          last.req_id + last.aux != f.h.req_id || last.aux > ~std::uint64_t{0} - f.h.aux)
+      if (!wire::is_acks(last) || last.sender != h.sender || frames.back().keep ||
+          last.req_id + last.aux != h.req_id || last.aux > ~std::uint64_t{0} - h.aux)
         return false;
-      last.aux += f.h.aux;
+      last.aux += h.aux;
       return true;
     }
     out_frame& front() noexcept { return frames[head]; }
