@@ -109,7 +109,7 @@ class connection : public std::enable_shared_from_this<connection> {
   /// thread); what the socket does not take at once is finished by the io thread. Callers pass
   /// it for latency-bound sends (nothing else in flight), not for bursts, which the io thread
   /// gathers into fewer, larger writes.
-  void send(out_frame f, bool may_write_now = false) {
+  void send(out_frame&& f, bool may_write_now = false) {
     f.h.payload_len = f.payload_len;
     f.h.meta_len = static_cast<std::uint32_t>(f.meta.size());
     bool start = false;
@@ -394,7 +394,7 @@ class connection : public std::enable_shared_from_this<connection> {
       if (stage_ == stage::meta) {
         std::size_t want = cur_.meta_len - meta_.size();
         std::size_t take = std::min(want, avail);
-        meta_.append(reinterpret_cast<const char*>(rbuf_.data() + rbeg_), take);
+        if (take) meta_.append(reinterpret_cast<const char*>(rbuf_.data() + rbeg_), take);
         rbeg_ += take;
         if (meta_.size() < cur_.meta_len) return read_more();
         // Meta complete: choose the payload's destination.

@@ -28,7 +28,7 @@ class send_queue {
   /// Queues f behind every frame of its priority and every frame of a higher one. Returns
   /// false when f was merged into the frame before it (both acks whose ids follow on), so
   /// nothing more waits.
-  bool push(out_frame f) {
+  bool push(out_frame&& f) {
     const std::int32_t p = f.h.priority;
     // The one run kept while the queue is empty takes whatever priority comes next.
     if (size_ == 0 && runs_.size() == 1) runs_.front().priority = p;
@@ -99,7 +99,7 @@ class send_queue {
       return true;
     }
     out_frame& front() noexcept { return frames[head]; }
-    void push(out_frame f) {
+    void push(out_frame&& f) {
       if (head != 0 && frames.size() == frames.capacity() && 2 * head >= frames.size()) {
         frames.erase(frames.begin(), frames.begin() + static_cast<std::ptrdiff_t>(head));
         head = 0;
