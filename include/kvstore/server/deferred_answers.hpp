@@ -8,7 +8,6 @@
 
 #include <kvstore/error.hpp>
 #include <kvstore/server/slice.hpp>
-#include <kvstore/wire/frame.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -82,7 +81,7 @@ class deferred_answers {
         latest.push_back(runs.size() - 1);
     }
     answers_.clear();
-    for (auto& r : runs) r.port.send(wire::acks_header(r.first, r.n), {}, {});
+    for (auto& r : runs) send_acks(r.port, r.first, r.n);
   }
 
   struct answer_t {

@@ -46,7 +46,7 @@ struct connection_port {
   }
   /// An ok answer to pushes first .. first + n - 1 (wire::acks_header), merged by the connection
   /// with the acks queued before it.
-  void ack(std::uint64_t first, std::uint64_t n = 1) const {
+  void ack(std::uint64_t first, std::uint64_t n) const {
     auto c = conn.lock();
     if (!c) return;
     wire::header h = wire::acks_header(first, n);

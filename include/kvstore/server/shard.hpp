@@ -676,12 +676,7 @@ class shard {
   }
   // An ok answer to push `req_id`, as wire::acks_header: the connection merges it with the acks
   // queued right before it, so many pushes in flight are answered by few frames.
-  static void ack(const Port& to, std::uint64_t req_id) {
-    if constexpr (requires { to.ack(req_id); })
-      to.ack(req_id);  // a connection's port: no frame built to be merged
-    else
-      to.send(wire::acks_header(req_id, 1), {}, {});
-  }
+  static void ack(const Port& to, std::uint64_t req_id) { send_acks(to, req_id, 1); }
   friend class batch_waits<Port>;  // answers through answer()
 
   // Serving a batched frame: changes, answers and held pulls released wait for end_batch()

@@ -55,6 +55,17 @@ struct reply_to {
   bool each = false;
 };
 
+/// An ok answer to pushes first .. first + n - 1 (wire::acks_header) to `to`: through the port's
+/// own ack when it has one (a connection extends the acks it has queued, building no frame),
+/// else as a frame of its own.
+template <class Port>
+void send_acks(const Port& to, std::uint64_t first, std::uint64_t n) {
+  if constexpr (requires { to.ack(first, n); })
+    to.ack(first, n);
+  else
+    to.send(wire::acks_header(first, n), {}, {});
+}
+
 /// One key's slice on this server.
 template <class Port>
 struct key_slice : wire::slice_header {

@@ -32,8 +32,7 @@ class send_queue {
     const std::int32_t p = f.h.priority;
     // The one run kept while the queue is empty takes whatever priority comes next.
     if (size_ == 0 && runs_.size() == 1) runs_.front().priority = p;
-    auto it = std::lower_bound(runs_.begin(), runs_.end(), p,
-                               [](const run& r, std::int32_t q) { return r.priority > q; });
+    auto it = run_at(p);
     if (it == runs_.end() || it->priority != p) {
       it = runs_.insert(it, run{p, {}, 0});
     }
@@ -47,9 +46,7 @@ class send_queue {
   /// them; false when it does not, and h needs a frame of its own. A server answering many
   /// pushes of one read so builds one frame for them, not a frame each to merge.
   bool extend_acks(const wire::header& h) noexcept {
-    if (runs_.empty()) return false;
-    auto it = std::lower_bound(runs_.begin(), runs_.end(), h.priority,
-                               [](const run& r, std::int32_t q) { return r.priority > q; });
+    auto it = run_at(h.priority);
     return it != runs_.end() && it->priority == h.priority && it->merges(h, false);
   }
 
@@ -114,6 +111,12 @@ class send_queue {
       }
     }
   };
+
+  // The run of priority p, or where it would go.
+  std::vector<run>::iterator run_at(std::int32_t p) {
+    return std::lower_bound(runs_.begin(), runs_.end(), p,
+                            [](const run& r, std::int32_t q) { return r.priority > q; });
+  }
 
   std::vector<run> runs_;  // by priority, highest first
   std::size_t size_ = 0;
