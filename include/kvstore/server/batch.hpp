@@ -204,7 +204,7 @@ struct batch_ops {
       }
       s.init_done.insert(rank);
       if (with_data) {
-        std::memcpy(s.value->data(), src, bytes);
+        std::memcpy(s.value.data(), src, bytes);
         src += bytes;
         s.inited = true;
         stored = true;
@@ -350,8 +350,8 @@ struct batch_ops {
     for (std::size_t i = 0; i < entries.size(); ++i) {
       prefetch_ahead(found, i, found.size());
       const slice& s = *found[i];
-      std::memcpy(at, s.value->data(), s.value->size());
-      at += s.value->size();
+      std::memcpy(at, s.value.data(), s.value.size());
+      at += s.value.size();
     }
     const std::size_t chunk = std::max<std::size_t>(1, sh.cfg_.chunk_bytes / elem);
     for (std::uint64_t off = 0; off < h.total; off += chunk) {
@@ -529,13 +529,13 @@ struct batch_ops {
   }
 
   // A frame's second pass over its slices (the first found them, but over many keys they left
-  // the cache since): the slice 12 keys ahead, the vector holding the value of the one 8 ahead,
-  // and the value of the one 4 ahead start loading, so the misses of several keys overlap.
-  // Not at or past `end`: keys served by another thread.
+  // the cache since): the slice 12 keys ahead, and for a value kept outside its slice the
+  // buffer's block of the one 8 ahead and its bytes of the one 4 ahead start loading, so the
+  // misses of several keys overlap. Not at or past `end`: keys served by another thread.
   static void prefetch_ahead(const std::vector<slice*>& found, std::size_t i, std::size_t end) {
     if (i + 12 < end) prefetch_lines(found[i + 12]);
-    if (i + 8 < end) __builtin_prefetch(found[i + 8]->value.get());
-    if (i + 4 < end) __builtin_prefetch(found[i + 4]->value->data());
+    if (i + 8 < end) found[i + 8]->value.prefetch_block();
+    if (i + 4 < end) found[i + 4]->value.prefetch_bytes();
   }
 
   // While a frame's keys are served, answers wait for its changes (shard::begin_batch); also
@@ -623,7 +623,7 @@ struct batch_ops {
       s.lo = 0;
       s.hi = e.elements;
       s.row_length = e.aux;
-      s.value = std::make_shared<bytes>(e.elements * wire::dtype_size(h.type));
+      s.value = slice_value(e.elements * wire::dtype_size(h.type));
       s.batch_stamp = made_here;
       found[i] = &s;
     }

@@ -219,7 +219,7 @@ class shard {
       s.lo = lo;
       s.hi = hi;
       s.row_length = rl;
-      s.value = std::make_shared<bytes>((hi - lo) * s.elem());
+      s.value = slice_value((hi - lo) * s.elem());
     }
     slice& s = it->second;
     if (s.restored && s.inited) {
@@ -232,7 +232,7 @@ class shard {
     if (h.flags & wire::flag_has_data) {
       const std::uint64_t n = check_range(s, h, payload.size());
       if (n)
-        std::memcpy(s.value->data() + (h.offset - s.lo) * s.elem(), payload.data(), n * s.elem());
+        std::memcpy(s.value.data() + (h.offset - s.lo) * s.elem(), payload.data(), n * s.elem());
     }
     if (!(h.flags & wire::flag_last)) return;
     s.init_done.insert(rank);
@@ -406,8 +406,7 @@ class shard {
   void send_value(const Port& from, const wire::header& h, const slice& s) {
     if (wire::encoding_bits(h.flags)) return send_encoded(from, h, s);
     const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
-    std::shared_ptr<const void> keep = s.value;
-    const std::byte* base = s.value->data();
+    auto [keep, base] = s.value.share();
     for (std::uint64_t off = 0; off < s.size(); off += chunk) {
       const std::uint64_t n = std::min<std::uint64_t>(chunk, s.size() - off);
       wire::header f = data_header(s, h);
@@ -428,7 +427,7 @@ class shard {
     auto buf = s.encoded;
     buf->resize(wire::encoded_bytes(e, s.size(), s.elem()));
     with_dtype(s.type, [&]<class T>() {
-      wire::encode_16bit(e, reinterpret_cast<const T*>(s.value->data()), s.size(), buf->data());
+      wire::encode_16bit(e, reinterpret_cast<const T*>(s.value.data()), s.size(), buf->data());
     });
     const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / 2);
     for (std::uint64_t off = 0; off < s.size(); off += chunk) {
@@ -444,8 +443,8 @@ class shard {
   // flagged flag_range, their offsets counted from the range's first element.
   void send_range(const Port& from, const wire::header& h, const slice& s, wire::range_meta r) {
     const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
-    std::shared_ptr<const void> keep = s.value;
-    const std::byte* base = s.value->data() + (r.offset - s.lo) * s.elem();
+    auto [keep, at] = s.value.share();
+    const std::byte* base = at + (r.offset - s.lo) * s.elem();
     for (std::uint64_t off = 0; off < r.length; off += chunk) {
       const std::uint64_t n = std::min<std::uint64_t>(chunk, r.length - off);
       wire::header f = data_header(s, h);
@@ -467,7 +466,7 @@ class shard {
       for (std::size_t j = 0; j < n; ++j)
         std::memcpy(
             buf->data() + j * row_bytes,
-            s.value->data() + (static_cast<std::uint64_t>(rows[i + j]) * rl - s.lo) * s.elem(),
+            s.value.data() + (static_cast<std::uint64_t>(rows[i + j]) * rl - s.lo) * s.elem(),
             row_bytes);
       wire::header f = data_header(s, h);
       f.offset = i;
@@ -711,7 +710,7 @@ class shard {
         s.duplicate(rank, h.aux) || s.round_done.count(rank) || parked_.has(s.key, rank) ||
         !s.cov.disjoint(rel, rel + n))
       return {};
-    if (s.merge.size() != s.size() * s.elem()) s.merge.resize(s.size() * s.elem());
+    if (s.merge.size() != s.size() * s.elem()) s.merge = slice_value(s.size() * s.elem());
     return {s.merge.data() + rel * s.elem(), static_cast<std::size_t>(h.payload_len)};
   }
 
@@ -900,7 +899,7 @@ class shard {
   void begin_round_push(slice& s, int rank) {
     refuse_if_left(rank, s.key);
     if (s.round_done.count(rank)) refuse_twice(s, rank);
-    if (s.merge.size() != s.size() * s.elem()) s.merge.resize(s.size() * s.elem());
+    if (s.merge.size() != s.size() * s.elem()) s.merge = slice_value(s.size() * s.elem());
   }
   [[noreturn]] static void refuse_twice(const slice& s, int rank) {
     throw error(errc::protocol, "worker " + std::to_string(rank) + " pushed key " + key_str(s.key) +
@@ -943,8 +942,7 @@ class shard {
   template <class T>
   void apply_range(slice& s, const T* grad, std::uint64_t rel, std::uint64_t n, bool new_step,
                    bool may_cut = true) {
-    auto& v = s.mutable_value();
-    T* w = reinterpret_cast<T*>(v.data()) + rel;
+    T* w = reinterpret_cast<T*>(s.value.mutable_data()) + rel;
     auto& upd = updater<T>();
     if (!upd) {
       if (n) std::memcpy(w, grad, n * sizeof(T));  // an empty push has no payload pointer
@@ -993,9 +991,10 @@ class shard {
     if (!round_complete(s)) return;
     with_dtype(s.type, [&]<class T>() {
       auto& upd = updater<T>();
-      if (!upd && s.cov.whole(s.size()) && s.value.use_count() == 1) {
-        s.value->swap(s.merge);  // the old value becomes the next merge buffer: no copy
-      } else {
+      // The merge buffer becomes the value, the old value's buffer the next merge buffer (no
+      // copy), unless a pull answer still sends the value.
+      const bool taken = !upd && s.cov.whole(s.size()) && s.value.take(s.merge);
+      if (!taken) {
         bool first = true;
         s.cov.for_each([&](std::uint64_t b, std::uint64_t e) {
           apply_range<T>(s, reinterpret_cast<const T*>(s.merge.data()) + b, b, e - b, first,

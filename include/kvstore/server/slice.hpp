@@ -7,6 +7,7 @@
 #include <kvstore/optim/all.hpp>
 #include <kvstore/server/coverage.hpp>
 #include <kvstore/server/ranks.hpp>
+#include <kvstore/server/slice_value.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/snapshot.hpp>
 
@@ -26,8 +27,6 @@ decltype(auto) with_dtype(wire::dtype t, F&& f) {
   if (t == wire::dtype::f64) return f.template operator()<double>();
   return f.template operator()<float>();
 }
-
-using bytes = std::vector<std::byte>;
 
 /// What one key costs a server beyond its value (its slice record, map node, round state), as
 /// max_total_bytes counts it.
@@ -71,8 +70,8 @@ template <class Port>
 struct key_slice : wire::slice_header {
   // What a push or pull of the key reads first, in the slice's first three cache lines with
   // the header (a batched frame prefetches them some keys ahead; server/batch.hpp).
-  std::shared_ptr<bytes> value;  // shared with pull answers in flight: copy on write
-  rank_set round_done;           // workers whose push is in the sync round being gathered
+  slice_value value;    // inside the slice when small, else shared with pull answers in flight
+  rank_set round_done;  // workers whose push is in the sync round being gathered
   // Exactly-once pushes across a server restart: per worker, the sequence number of its last
   // push applied (kept in snapshots).
   rank_values applied;
@@ -91,7 +90,7 @@ struct key_slice : wire::slice_header {
   std::vector<reply_to<Port>> init_waiters;
 
   // The rest of the sync round being gathered, and each worker's push number in it.
-  bytes merge;
+  slice_value merge;  // sized on the round's first push
   std::vector<reply_to<Port>> round_waiters;
   rank_values round_seq;
   // dist_async applies a push sent in several frames frame by frame. Per worker, the push in
@@ -146,12 +145,6 @@ struct key_slice : wire::slice_header {
 
   std::size_t elem() const { return wire::dtype_size(type); }
   std::uint64_t size() const { return hi - lo; }
-
-  /// The value, copied first if a pull answer still reads the current one.
-  bytes& mutable_value() {
-    if (value.use_count() > 1) value = std::make_shared<bytes>(*value);
-    return *value;
-  }
 };
 
 }  // namespace kvstore::detail

@@ -35,7 +35,7 @@ shard_snapshot take_snapshot(const shard<Port>& sh, int rank) {
     for (auto& [r, p] : sl.parts) x.parts.push_back({r, p.seq, p.applied});
     x.lr_mult = sl.mult.lr;
     x.wd_mult = sl.mult.wd;
-    x.value.assign(reinterpret_cast<const char*>(sl.value->data()), sl.value->size());
+    x.value.assign(reinterpret_cast<const char*>(sl.value.data()), sl.value.size());
     with_dtype(sl.type, [&]<class T>() {
       const auto& st = sl.template state<T>();
       x.step = st.step;
@@ -76,7 +76,7 @@ void restore_snapshot(shard<Port>& sh, const shard_snapshot& snap, int num_worke
     sl.restored = true;
     for (int r = 0; r < num_workers; ++r) sl.init_done.insert(r);
     auto* p = reinterpret_cast<const std::byte*>(x.value.data());
-    sl.value = std::make_shared<bytes>(p, p + x.value.size());
+    sl.value = slice_value(p, x.value.size());
     with_dtype(x.type, [&]<class T>() {
       auto& st = sl.template state<T>();
       st.step = x.step;
