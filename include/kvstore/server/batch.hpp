@@ -13,6 +13,7 @@
 #include <kvstore/server/apply_pool.hpp>
 #include <kvstore/server/frame_plans.hpp>
 #include <kvstore/server/slice.hpp>
+#include <kvstore/server/value_answers.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
 
@@ -356,7 +357,7 @@ struct batch_ops {
     const std::size_t chunk = std::max<std::size_t>(1, sh.cfg_.chunk_bytes / elem);
     for (std::uint64_t off = 0; off < h.total; off += chunk) {
       const std::uint64_t n = std::min<std::uint64_t>(chunk, h.total - off);
-      wire::header f = shard_t::data_header(h, h.total, h.type);
+      wire::header f = value_answers<Port>::data_header(h, h.total, h.type);
       f.offset = off;
       f.flags = wire::flag_batch | (off + n == h.total ? wire::flag_last : 0u);
       from.send(f, {buf->data() + off * elem, static_cast<std::size_t>(n * elem)}, buf);

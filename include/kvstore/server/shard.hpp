@@ -1,9 +1,11 @@
 // One server's shard of the model, without a network: for each key the slice this server owns
 // (server/slice.hpp). It takes decoded requests (header, metadata, payload, and a `Port` to
 // answer), sums a sync round's pushes of all workers and applies the optimizer once, applies
-// async pushes as they come, answers pulls (queued until their round completes), and moves
-// optimizer states in and out (their bytes: server/states.hpp). The node loop (server/server.hpp)
-// feeds it frames and membership; the unit tests (tests/unit/test_shard.cpp) feed it by hand.
+// async pushes as they come, answers pulls (queued until their round completes; their frames:
+// server/value_answers.hpp), and moves optimizer states in and out (their bytes:
+// server/states.hpp); a request is checked against its slice by server/request_checks.hpp. The
+// node loop (server/server.hpp) feeds it frames and membership; the unit tests
+// (tests/unit/test_shard.cpp) feed it by hand.
 //
 // A Port is a copyable handle to the peer that asked; it may be gone by the time a queued answer
 // is sent, and then drops it:
@@ -28,8 +30,10 @@
 #include <kvstore/server/frame_plans.hpp>
 #include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/parked.hpp>
+#include <kvstore/server/request_checks.hpp>
 #include <kvstore/server/slice.hpp>
 #include <kvstore/server/states.hpp>
+#include <kvstore/server/value_answers.hpp>
 #include <kvstore/wire/encoding.hpp>
 #include <kvstore/wire/frame.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -146,13 +150,14 @@ class shard {
       case wire::cmd::init:
         return init(rank, from, h, meta, payload);
       case wire::cmd::push:
-        if (h.flags & wire::flag_range) refuse_encoded_range(h);
-        if (h.flags & wire::flag_range) check_range_push(h, meta, payload.size());
+        if (h.flags & wire::flag_range) checks::refuse_encoded_range(h);
+        if (h.flags & wire::flag_range)
+          checks::check_range_push(find(h), h, meta, payload.size(), who_);
         return push(rank, from, h, payload);
       case wire::cmd::push_rows:
         return push_rows(rank, from, h, meta, payload);
       case wire::cmd::pull:
-        if (h.flags & wire::flag_range) refuse_encoded_range(h);
+        if (h.flags & wire::flag_range) checks::refuse_encoded_range(h);
         if (h.flags & wire::flag_range) return pull_range(rank, from, h, meta);
         return pull(rank, from, h);
       case wire::cmd::pull_rows:
@@ -230,7 +235,7 @@ class shard {
     if (s.init_done.count(rank) || ((h.flags & wire::flag_has_data) && s.inited))
       throw error(errc::already_inited, "key " + key_str(h.key) + " is already inited");
     if (h.flags & wire::flag_has_data) {
-      const std::uint64_t n = check_range(s, h, payload.size());
+      const std::uint64_t n = checks::check_range(s, h, payload.size());
       if (n)
         std::memcpy(s.value.data() + (h.offset - s.lo) * s.elem(), payload.data(), n * s.elem());
     }
@@ -255,7 +260,7 @@ class shard {
     if (wire::encoding_bits(h.flags)) return push_encoded(rank, from, h, payload);
     refuse_if_left(rank, h.key);
     slice& s = find(h);
-    const std::uint64_t n = check_range(s, h, payload.size());
+    const std::uint64_t n = checks::check_range(s, h, payload.size());
     if (s.duplicate(rank, h.aux)) return ack_duplicate(from, h);
     const std::uint64_t rel = h.offset - s.lo;
     if (cfg_.sync) {
@@ -281,7 +286,7 @@ class shard {
                     std::span<const std::byte> payload) {
     refuse_if_left(rank, h.key);
     slice& s = find(h);
-    const wire::encoding e = known_encoding(h, "push");
+    const wire::encoding e = checks::known_encoding(h, "push");
     with_dtype(s.type, [&]<class T>() {
       wire::payload_view<T> v;
       try {
@@ -289,7 +294,7 @@ class shard {
       } catch (const error& bad) {
         throw error(errc::protocol, "key " + key_str(h.key) + ": " + bad.what());
       }
-      const std::uint64_t n = check_elements(s, h, v.count);
+      const std::uint64_t n = checks::check_elements(s, h, v.count);
       if (s.duplicate(rank, h.aux)) return ack_duplicate(from, h);
       const std::uint64_t rel = h.offset - s.lo;
       if (cfg_.sync) {
@@ -318,7 +323,7 @@ class shard {
                  std::span<const std::byte> payload) {
     refuse_if_left(rank, h.key);
     slice& s = find(h);
-    auto rows = check_rows(s, h, meta);
+    auto rows = checks::check_rows(s, h, meta);
     if (s.duplicate(rank, h.aux)) return ack_duplicate(from, h);
     const std::uint64_t rl = s.row_length;
     if (payload.size() != rows.size() * rl * s.elem())
@@ -360,36 +365,36 @@ class shard {
     if (parks(rank, h)) return park(rank, from, h, {}, {});
     slice& s = find(h);
     // A pull in an encoding the server cannot answer is refused now, not once it is released.
-    if (wire::encoding_bits(h.flags)) (void)pull_encoding(h);
+    if (wire::encoding_bits(h.flags)) (void)checks::pull_encoding(h);
     if (!may_answer(rank, s, h.aux)) return hold({from, rank, h, {}, {}});
-    send_value(from, h, s);
+    answers::send_value(from, h, s, cfg_.chunk_bytes);
   }
 
   /// The rows listed in meta, in data frames (offset: index of the frame's first row in the
   /// list); held as a pull is.
   void pull_rows(int rank, const Port& from, const wire::header& h, std::string_view meta) {
     slice& s = find(h);
-    auto rows = check_rows(s, h, meta);
+    auto rows = checks::check_rows(s, h, meta);
     // Each row at most once (workers ask for distinct rows and copy repeats themselves), so an
     // answer is never bigger than the slice: naming one row 50,000 times would make the server
     // copy it 50,000 times.
-    refuse_repeated_rows(h.key, rows);
+    checks::refuse_repeated_rows(h.key, rows);
     if (!may_answer(rank, s, h.aux)) return hold({from, rank, h, std::move(rows), {}});
-    send_rows(from, h, s, rows);
+    answers::send_rows(from, h, s, rows, cfg_.chunk_bytes);
   }
 
   /// A range pull: the elements its meta names (wire::range_meta, inside the slice), answered
-  /// as send_range says; held as a pull is.
+  /// as value_answers::send_range says; held as a pull is.
   void pull_range(int rank, const Port& from, const wire::header& h, std::string_view meta) {
     slice& s = find(h);
-    const wire::range_meta r = range_in_slice(s, h, meta);
+    const wire::range_meta r = checks::range_in_slice(s, h, meta, who_);
     if (!may_answer(rank, s, h.aux)) {
       held_pull<Port> p{from, rank, h, {}, {}};
       p.range_offset = r.offset;
       p.range_length = r.length;
       return hold(std::move(p));
     }
-    send_range(from, h, s, r);
+    answers::send_range(from, h, s, r, cfg_.chunk_bytes);
   }
 
   /// The slice's version (rounds completed, or async pushes applied) as the response's aux.
@@ -402,81 +407,6 @@ class shard {
     from.send(f, {}, nullptr);
   }
 
- private:
-  void send_value(const Port& from, const wire::header& h, const slice& s) {
-    if (wire::encoding_bits(h.flags)) return send_encoded(from, h, s);
-    const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
-    auto [keep, base] = s.value.share();
-    for (std::uint64_t off = 0; off < s.size(); off += chunk) {
-      const std::uint64_t n = std::min<std::uint64_t>(chunk, s.size() - off);
-      wire::header f = data_header(s, h);
-      f.offset = s.lo + off;
-      if (off + n == s.size()) f.flags = wire::flag_last;
-      from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
-    }
-  }
-
-  // The slice's value in the 16-bit encoding the pull asks for (its flags, checked by
-  // pull_encoding), encoded once and sent in data frames of at most chunk_bytes, each flagged
-  // with the encoding.
-  void send_encoded(const Port& from, const wire::header& h, const slice& s) {
-    const wire::encoding e = pull_encoding(h);
-    // The slice's last answer when no frame still holds it: a new buffer per pull costs page
-    // faults and zeroing (32 MiB of them for a 64 MiB slice).
-    if (!s.encoded || s.encoded.use_count() > 1) s.encoded = std::make_shared<bytes>();
-    auto buf = s.encoded;
-    buf->resize(wire::encoded_bytes(e, s.size(), s.elem()));
-    with_dtype(s.type, [&]<class T>() {
-      wire::encode_16bit(e, reinterpret_cast<const T*>(s.value.data()), s.size(), buf->data());
-    });
-    const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / 2);
-    for (std::uint64_t off = 0; off < s.size(); off += chunk) {
-      const std::uint64_t n = std::min<std::uint64_t>(chunk, s.size() - off);
-      wire::header f = data_header(s, h);
-      f.offset = s.lo + off;
-      f.flags = wire::encoding_flags(e) | (off + n == s.size() ? wire::flag_last : 0u);
-      from.send(f, {buf->data() + 2 * off, static_cast<std::size_t>(2 * n)}, buf);
-    }
-  }
-
-  // Elements [r.offset, r.offset + r.length) of the slice, in data frames of at most chunk_bytes
-  // flagged flag_range, their offsets counted from the range's first element.
-  void send_range(const Port& from, const wire::header& h, const slice& s, wire::range_meta r) {
-    const std::size_t chunk = std::max<std::size_t>(1, cfg_.chunk_bytes / s.elem());
-    auto [keep, at] = s.value.share();
-    const std::byte* base = at + (r.offset - s.lo) * s.elem();
-    for (std::uint64_t off = 0; off < r.length; off += chunk) {
-      const std::uint64_t n = std::min<std::uint64_t>(chunk, r.length - off);
-      wire::header f = data_header(s, h);
-      f.offset = off;
-      f.flags = wire::flag_range | (off + n == r.length ? wire::flag_last : 0u);
-      from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
-    }
-  }
-
-  void send_rows(const Port& from, const wire::header& h, const slice& s,
-                 const std::vector<std::int64_t>& rows) {
-    const std::uint64_t rl = s.row_length, row_bytes = rl * s.elem();
-    const std::size_t per =
-        std::max<std::size_t>(1, cfg_.chunk_bytes / std::max<std::uint64_t>(row_bytes, 1));
-    std::size_t i = 0;
-    do {
-      const std::size_t n = std::min(per, rows.size() - i);
-      auto buf = std::make_shared<bytes>(n * row_bytes);
-      for (std::size_t j = 0; j < n; ++j)
-        std::memcpy(
-            buf->data() + j * row_bytes,
-            s.value.data() + (static_cast<std::uint64_t>(rows[i + j]) * rl - s.lo) * s.elem(),
-            row_bytes);
-      wire::header f = data_header(s, h);
-      f.offset = i;
-      f.flags = wire::flag_rows | (i + n == rows.size() ? wire::flag_last : 0u);
-      from.send(f, {buf->data(), buf->size()}, buf);
-      i += n;
-    } while (i < rows.size());
-  }
-
- public:
   /// Sets the optimizer by registered name and parameters. The same name again (new parameters:
   /// a learning-rate schedule, or every worker setting it) keeps every key's state; another name
   /// starts them afresh. Any worker may send it, any number of times.
@@ -623,6 +553,9 @@ class shard {
   static std::string key_str(std::uint64_t k) { return detail::key_str(k); }
 
  private:
+  using checks = slice_checks<slice>;   // a request against a slice (server/request_checks.hpp)
+  using answers = value_answers<Port>;  // a pull's data frames (server/value_answers.hpp)
+
   // A new slice of `bytes` must fit the key count and byte bounds, so a peer's inits cannot grow
   // the server without bound; refused before anything is allocated.
   void admit_new_slice(std::uint64_t key, std::uint64_t bytes) {
@@ -718,7 +651,7 @@ class shard {
   // connection's buffer (push_encoded decodes it; it never goes straight into a round). An
   // encoding this server does not know cannot be sized: its payload is refused unread.
   std::span<std::byte> encoded_sink(const wire::header& h, const slice& s) {
-    const wire::encoding e = known_encoding(h, "push", errc::protocol);
+    const wire::encoding e = checks::known_encoding(h, "push", errc::protocol);
     const std::uint64_t limit = wire::encoded_bytes(e, s.size(), s.elem());
     if (h.payload_len > limit)
       throw error(errc::protocol, "a " + std::to_string(h.payload_len) + "-byte " +
@@ -726,36 +659,6 @@ class shard {
                                       key_str(h.key) + " that takes at most " +
                                       std::to_string(limit));
     return {};
-  }
-
-  // Element ranges (push_range, pull_range) travel plain.
-  static void refuse_encoded_range(const wire::header& h) {
-    if (wire::encoding_bits(h.flags))
-      throw error(errc::unsupported,
-                  "key " + key_str(h.key) + ": a range push or pull in encoding " +
-                      std::to_string(wire::encoding_bits(h.flags)) + ": ranges travel plain");
-  }
-
-  // The 16-bit encoding a pull asks for: an unknown one is unsupported, 2 bits a bad argument.
-  static wire::encoding pull_encoding(const wire::header& h) {
-    const wire::encoding e = known_encoding(h, "pull");
-    if (!wire::is_16bit(e))
-      throw error(errc::invalid_argument, "key " + key_str(h.key) + ": a pull in " +
-                                              wire::encoding_name(e) +
-                                              ": 2-bit compression applies to pushes only");
-    return e;
-  }
-
-  // The encoding a push or pull names in its flags; one this server does not know is an error
-  // `code` (unsupported: the request is refused, its connection kept).
-  static wire::encoding known_encoding(const wire::header& h, const char* what,
-                                       errc code = errc::unsupported) {
-    const unsigned bits = wire::encoding_bits(h.flags);
-    if (bits >= wire::encoding_count)
-      throw error(code, "key " + key_str(h.key) + ": a " + what + " in encoding " +
-                            std::to_string(bits) + ", which this server does not know (0-" +
-                            std::to_string(wire::encoding_count - 1) + ")");
-    return static_cast<wire::encoding>(bits);
   }
 
   slice& find(const wire::header& h) { return find(h.key, h.type, h.total); }
@@ -772,87 +675,6 @@ class shard {
       throw error(errc::size_mismatch, "key " + key_str(key) + " has " + std::to_string(s.total) +
                                            " elements, the request says " + std::to_string(total));
     return s;
-  }
-
-  // Checks that payload elements [offset, offset + n) lie in the slice.
-  static std::uint64_t check_range(const slice& s, const wire::header& h, std::size_t payload_len) {
-    return check_elements(s, h, payload_len / s.elem());
-  }
-  static std::uint64_t check_elements(const slice& s, const wire::header& h, std::uint64_t n) {
-    if (h.offset < s.lo || h.offset > s.hi || n > s.hi - h.offset)
-      throw error(errc::size_mismatch,
-                  "key " + key_str(h.key) + ": elements [" + std::to_string(h.offset) + ", " +
-                      std::to_string(h.offset + n) + ") are outside this server's slice [" +
-                      std::to_string(s.lo) + ", " + std::to_string(s.hi) + ")");
-    return n;
-  }
-
-  // The range a range push's or pull's meta names: it must lie in this server's slice.
-  wire::range_meta range_in_slice(const slice& s, const wire::header& h, std::string_view meta) {
-    const wire::range_meta r = wire::decode_range(meta);  // not empty, no wrap: else protocol
-    if (r.offset < s.lo || r.offset > s.hi || r.length > s.hi - r.offset)
-      throw error(errc::size_mismatch,
-                  "key " + key_str(h.key) + ": range [" + std::to_string(r.offset) + ", " +
-                      std::to_string(r.offset + r.length) + ") is outside this server's slice [" +
-                      std::to_string(s.lo) + ", " + std::to_string(s.hi) + ") on " + who_);
-    return r;
-  }
-
-  // A frame of a range push: its elements lie in the range its meta names, and the range in the
-  // slice. The frame is then a push like any other: in dist_sync it counts as this worker's push
-  // of the slice for the round, and the round's coverage keeps the elements it did not write.
-  void check_range_push(const wire::header& h, std::string_view meta, std::size_t payload_len) {
-    const slice& s = find(h);
-    const wire::range_meta r = range_in_slice(s, h, meta);
-    const std::uint64_t n = payload_len / s.elem();
-    if (h.offset < r.offset || h.offset - r.offset > r.length ||
-        n > r.length - (h.offset - r.offset))
-      throw error(errc::size_mismatch,
-                  "key " + key_str(h.key) + ": elements [" + std::to_string(h.offset) + ", " +
-                      std::to_string(h.offset + n) + ") of a range push are outside its range [" +
-                      std::to_string(r.offset) + ", " + std::to_string(r.offset + r.length) + ")");
-  }
-
-  std::vector<std::int64_t> check_rows(const slice& s, const wire::header& h,
-                                       std::string_view meta) {
-    if (!s.row_length)
-      throw error(errc::not_a_matrix, "key " + key_str(h.key) + " was inited without a row length");
-    auto rows = wire::decode_rows(meta);
-    const auto rlo = static_cast<std::int64_t>(s.lo / s.row_length),
-               rhi = static_cast<std::int64_t>(s.hi / s.row_length);
-    for (auto r : rows)
-      if (r < rlo || r >= rhi)
-        throw error(errc::row_out_of_range, "key " + key_str(h.key) + ": row " + std::to_string(r) +
-                                                " is outside this server's rows [" +
-                                                std::to_string(rlo) + ", " + std::to_string(rhi) +
-                                                ")");
-    return rows;
-  }
-
-  static void refuse_repeated_rows(std::uint64_t key, std::span<const std::int64_t> rows) {
-    std::vector<std::int64_t> sorted(rows.begin(), rows.end());
-    std::sort(sorted.begin(), sorted.end());
-    const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
-    if (twice != sorted.end())
-      throw error(errc::invalid_argument, "key " + key_str(key) + ": pull_rows names row " +
-                                              std::to_string(*twice) + " more than once");
-  }
-
-  static wire::header data_header(const slice& s, const wire::header& asked) {
-    return data_header(asked, s.total, s.type);
-  }
-  // An answer's data frame header for request `asked`, of `total` elements of `type` in all
-  // (a slice's, or a batched pull's keys together).
-  static wire::header data_header(const wire::header& asked, std::uint64_t total,
-                                  wire::dtype type) {
-    wire::header f;
-    f.command = wire::cmd::data;
-    f.req_id = asked.req_id;
-    f.key = asked.key;
-    f.total = total;
-    f.type = type;
-    f.priority = asked.priority;
-    return f;
   }
 
   // Adds or copies `n` elements at slice offset `rel` into the round's merge buffer (a large
@@ -1057,11 +879,11 @@ class shard {
 
   void answer_held(const held_pull<Port>& p, const slice& s) {
     if (p.h.command == wire::cmd::pull_rows)
-      send_rows(p.port, p.h, s, p.rows);
+      answers::send_rows(p.port, p.h, s, p.rows, cfg_.chunk_bytes);
     else if (p.h.flags & wire::flag_range)
-      send_range(p.port, p.h, s, {p.range_offset, p.range_length});
+      answers::send_range(p.port, p.h, s, {p.range_offset, p.range_length}, cfg_.chunk_bytes);
     else
-      send_value(p.port, p.h, s);
+      answers::send_value(p.port, p.h, s, cfg_.chunk_bytes);
   }
 
   // Answers the held pulls of `s` that may be answered now.
