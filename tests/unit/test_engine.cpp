@@ -345,6 +345,137 @@ TEST_CASE("wait_slot returns once the ops issued on the slot before it are done"
   e.wait_slot(idle);  // nothing issued on it: at once
 }
 
+// Ops over hundreds of keys let them go lazily (engine/key_slot.hpp's key_hold): their finish
+// walks their keys only when an op waits behind them; otherwise each key goes free when touched.
+TEST_CASE("an op over hundreds of keys: keys go free when touched, or at once when an op waits" *
+          doctest::timeout(30)) {
+  engine e(2);
+  constexpr std::size_t n = 300;  // over the engine's lazy_release_keys
+  std::vector<key_slot> slots(n);
+  std::vector<key_slot*> all;
+  for (auto& s : slots) all.push_back(&s);
+  std::vector<std::string> order;
+  std::mutex m;
+  // Logs its name, then completes, or keeps its completion and says so through `kept`.
+  auto logged = [&](std::string name, engine::done_fn* keep = nullptr,
+                    std::promise<void>* kept = nullptr) {
+    return [&, name, keep, kept](engine::done_fn done) {
+      {
+        std::lock_guard lk(m);
+        order.push_back(name);
+      }
+      if (!keep) return done(nullptr);
+      *keep = std::move(done);
+      kept->set_value();
+    };
+  };
+  auto st = std::make_shared<op_state>(5);
+  // A completes at once: nothing waits, so its keys stay marked until touched.
+  e.submit(std::span<key_slot* const>(all), 0, logged("A"), st);
+  e.wait_all();
+  CHECK(slots[7].issued == 1);
+  CHECK(slots[7].completed == 0);  // not let go yet...
+  CHECK_FALSE(slots[7].busy());    // ...but done
+  e.wait_slot(slots[7]);           // a wait lets it go
+  CHECK(slots[7].completed == 1);
+  // B holds every key until told; C (one key) and D (all keys) queue behind it.
+  engine::done_fn finish_b;
+  std::promise<void> b_runs;
+  e.submit(std::span<key_slot* const>(all), 0, logged("B", &finish_b, &b_runs), st);
+  b_runs.get_future().wait();
+  e.submit(slots[3], 0, logged("C"), st);
+  e.submit(std::span<key_slot* const>(all), 0, logged("D"), st);
+  {
+    std::lock_guard lk(m);
+    CHECK(order == std::vector<std::string>{"A", "B"});
+  }
+  CHECK(slots[3].busy());
+  finish_b(nullptr);  // an op waits behind B: its finish walks the keys and lets C, then D, in
+  e.wait_all();
+  CHECK(order == std::vector<std::string>{"A", "B", "C", "D"});
+  e.submit(slots[299], 0, logged("E"), st);  // D is done: its key goes free on this touch
+  kvstore::op(st).wait();
+  e.wait_all();
+  CHECK(order.back() == "E");
+  for (std::size_t k = 0; k < n; ++k) {
+    e.wait_slot(slots[k]);
+    CHECK(slots[k].completed == slots[k].issued);
+    CHECK_FALSE(slots[k].busy());
+  }
+  CHECK(slots[3].issued == 4);
+  CHECK(slots[299].issued == 4);
+}
+
+TEST_CASE("ops over hundreds of keys and one-key ops at random: per-key order, waits exact" *
+          doctest::timeout(60)) {
+  engine e(4);
+  constexpr int keys = 600, ops = 600;
+  std::vector<key_slot> slots(keys);
+  std::vector<std::vector<int>> log(keys);      // per key: ops in the order they ran
+  std::vector<int> issued(keys, 0);             // per key: ops issued on it (this thread)
+  std::vector<std::atomic<int>> holders(keys);  // ops running on the key now
+  std::mutex m;
+  std::atomic<bool> overlap{false};
+  auto st = std::make_shared<op_state>(ops);
+  std::vector<std::thread> finishers;
+  std::mt19937 rng(7);
+  for (int i = 0; i < ops; ++i) {
+    std::vector<int> ks;
+    if (i % 2 == 0) {  // about 300 of the 600 keys: let go lazily
+      for (int k = 0; k < keys; ++k)
+        if (rng() % 2 == 0) ks.push_back(k);
+    } else {
+      ks.push_back(static_cast<int>(rng() % keys));
+    }
+    for (int k : ks) ++issued[static_cast<std::size_t>(k)];
+    const bool later = i % 5 == 0;  // completes from another thread, after the task returned
+    auto task = [&, i, ks, later](engine::done_fn done) {
+      for (int k : ks)
+        if (holders[static_cast<std::size_t>(k)].fetch_add(1) != 0) overlap = true;
+      {
+        std::lock_guard lk(m);
+        for (int k : ks) log[static_cast<std::size_t>(k)].push_back(i);
+      }
+      auto finish = [&holders, ks, done] {
+        for (int k : ks) holders[static_cast<std::size_t>(k)].fetch_sub(1);
+        done(nullptr);
+      };
+      if (!later) return finish();
+      std::lock_guard lk(m);
+      finishers.emplace_back([finish] {
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        finish();
+      });
+    };
+    std::vector<key_slot*> ps;
+    for (int k : ks) ps.push_back(&slots[static_cast<std::size_t>(k)]);
+    e.submit(std::span<key_slot* const>(ps), static_cast<int>(rng() % 3), task, st, i % 2 == 0);
+    if (i % 40 == 39) {  // a wait on one key sees every op issued on it done
+      const auto k = static_cast<std::size_t>(rng() % keys);
+      e.wait_slot(slots[k]);
+      CHECK_FALSE(slots[k].busy());
+      std::lock_guard lk(m);
+      CHECK(log[k].size() == static_cast<std::size_t>(issued[k]));
+    }
+  }
+  kvstore::op(st).wait();
+  {
+    std::lock_guard lk(m);
+    for (auto& t : finishers) t.join();
+  }
+  e.wait_all();
+  CHECK_FALSE(overlap.load());
+  for (int k = 0; k < keys; ++k) {
+    const auto& l = log[static_cast<std::size_t>(k)];
+    auto& s = slots[static_cast<std::size_t>(k)];
+    CHECK(std::is_sorted(l.begin(), l.end()));
+    CHECK(l.size() == static_cast<std::size_t>(issued[static_cast<std::size_t>(k)]));
+    CHECK_FALSE(s.busy());
+    e.wait_slot(s);
+    CHECK(s.completed == s.issued);
+  }
+}
+
 // Pipelined ops (engine::submit_pipelined): the key goes to the next op when a task returns.
 namespace {
 

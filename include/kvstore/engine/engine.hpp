@@ -6,6 +6,8 @@
 // A pipelined op (a request whose order the connection keeps) lets its key go as soon as its task
 // returns, not when it completes: back-to-back ops on one key stream instead of waiting a round
 // trip each. Ops that are not pipelined wait until no op of their key streams.
+// An op over many keys that no later op waits behind lets its keys go lazily: its finish marks
+// it done, and each key goes free when next touched (engine/key_slot.hpp's key_hold).
 #pragma once
 
 #include <kvstore/detail/block_pool.hpp>
@@ -56,6 +58,7 @@ struct engine_op {
   std::unique_ptr<key_link[]> many;  // the links of a many-key op
   std::size_t keys = 1;
   bool pipelined = false;           // lets its keys go when its task returns (submit_pipelined)
+  key_hold* hold = nullptr;         // a many-key op's: its keys go free lazily (key_slot.hpp)
   bool passed = false;              // let its keys go (engine lock)
   std::atomic<int> refs{2};         // the running task and its done: freed after both
   std::atomic<bool> called{false};  // done ran (a task may only complete once)
@@ -100,6 +103,7 @@ class engine {
     }
     cv_.notify_all();
     for (auto& t : threads_) t.join();
+    while (holds_) unlink_hold(holds_);  // done, named by keys never touched again
   }
 
   unsigned size() const noexcept { return static_cast<unsigned>(threads_.size()); }
@@ -166,6 +170,7 @@ class engine {
     }
     key_link* links = op->links();
     std::unique_lock lk(m_);
+    if (slots.size() >= lazy_release_keys) op->hold = new_hold();
     for (std::size_t i = 0; i < slots.size(); ++i) {
       // A batch's slots lie in records all over memory: start loading a few ahead.
       if (i + prefetch_ahead < slots.size()) __builtin_prefetch(slots[i + prefetch_ahead], 1);
@@ -191,22 +196,26 @@ class engine {
     std::unique_lock lk(m_);
     auto it = keys_.find(key);
     if (it == keys_.end()) return;
-    const std::uint64_t target = it->second.issued;
+    const std::uint32_t target = it->second.issued;
     ++key_waiters_;
     idle_cv_.wait(lk, [&] {
       auto j = keys_.find(key);
-      return j == keys_.end() || j->second.completed >= target;
+      return j == keys_.end() || j->second.completed_up_to(target);
     });
     --key_waiters_;
   }
 
   /// Every op issued on the caller's `slot` before this call is done.
-  void wait_slot(const key_slot& slot) {
+  void wait_slot(key_slot& slot) {
     std::unique_lock lk(m_);
-    const std::uint64_t target = slot.issued;
-    if (slot.completed >= target) return;
+    const std::uint32_t target = slot.issued;
+    auto done = [&] {
+      settle(slot);  // a done many-key op's hold counts as completed only once let go
+      return slot.completed_up_to(target);
+    };
+    if (done()) return;
     ++key_waiters_;
-    idle_cv_.wait(lk, [&] { return slot.completed >= target; });
+    idle_cv_.wait(lk, done);
     --key_waiters_;
   }
 
@@ -312,17 +321,51 @@ class engine {
     link.op = op;
     link.slot = &slot;
     link.next = nullptr;
+    settle(slot);
     ++slot.issued;
     if (!slot.held && !slot.head && may_take(op, slot)) {  // free: the op holds it now
-      slot.held = true;
+      take(op, slot);
       return;
     }
+    if (slot.lazy) slot.lazy->waited = true;  // its finish lets this op in
     if (slot.tail)
       slot.tail->next = &link;
     else
       slot.head = &link;
     slot.tail = &link;
     ++op->waiting;
+  }
+
+  // `op` holds `slot` now (m_ held); through its hold, if it has one.
+  static void take(engine_op* op, key_slot& slot) {
+    slot.held = true;
+    if (!op->hold) return;
+    slot.lazy = op->hold;
+    ++op->hold->keys;
+    if (slot.head) op->hold->waited = true;  // ops wait behind it
+  }
+
+  // A key held through the hold of a many-key op that is done goes free now (m_ held).
+  void settle(key_slot& slot) {
+    key_hold* h = slot.lazy;
+    if (!h || !h->done) return;
+    slot.lazy = nullptr;
+    slot.held = false;
+    ++slot.completed;
+    if (--h->keys == 0) unlink_hold(h);
+  }
+
+  key_hold* new_hold() {
+    auto* h = new key_hold;
+    h->next = holds_;
+    if (holds_) holds_->prev = h;
+    holds_ = h;
+    return h;
+  }
+  void unlink_hold(key_hold* h) noexcept {
+    (h->prev ? h->prev->next : holds_) = h->next;
+    if (h->next) h->next->prev = h->prev;
+    delete h;
   }
 
   // `op` is queued on all its keys (m_ held): it runs now when it holds them all.
@@ -382,7 +425,7 @@ class engine {
     if (slot.held || !next || !may_take(next->op, slot)) return false;
     slot.head = next->next;
     if (!slot.head) slot.tail = nullptr;
-    slot.held = true;
+    take(next->op, slot);
     if (--next->op->waiting) return false;
     ready_.push(next->op);
     return true;
@@ -414,14 +457,21 @@ class engine {
       key_link* links = op->links();
       const bool streamed = op->passed;  // a pipelined op whose task let its key go already
       op->passed = true;
-      for (std::size_t i = 0; i < op->keys; ++i) {
+      key_hold* hold = op->hold;
+      if (hold) hold->done = true;  // no op waits behind it: each key goes free when next touched
+      const std::size_t walk = hold && !hold->waited ? 0 : op->keys;
+      for (std::size_t i = 0; i < walk; ++i) {
         if (i + prefetch_ahead < op->keys) __builtin_prefetch(links[i + prefetch_ahead].slot, 1);
         key_slot& slot = *links[i].slot;
-        ++slot.completed;
-        if (streamed)
-          --slot.streaming;
-        else
-          slot.held = false;
+        if (hold) {
+          settle(slot);  // through its hold: completed, let go (the last key frees the hold)
+        } else {
+          ++slot.completed;
+          if (streamed)
+            --slot.streaming;
+          else
+            slot.held = false;
+        }
         notify = advance(slot) || notify;
         if (op->by_id && !slot.held && !slot.head)  // idle: the engine's own queue of it goes
           keys_.erase(op->id);
@@ -451,6 +501,10 @@ class engine {
   // Pipelined ops this thread runs from finish (0 or 1: such a run does not start another).
   static inline thread_local int running_here_ = 0;
 
+  // An op over at least this many keys lets them go lazily (key_hold): below, its finish's walk
+  // costs less than the hold's allocation.
+  static constexpr std::size_t lazy_release_keys = 256;
+
   // How many keys ahead an op over many keys prefetches their slots.
   static constexpr std::size_t prefetch_ahead = 8;
 
@@ -460,6 +514,7 @@ class engine {
   std::priority_queue<engine_op*, std::vector<engine_op*>, op_less> ready_;
   std::unordered_map<std::uint64_t, key_slot> keys_;  // the queues of keys submitted by id
   std::vector<std::shared_ptr<pjob>> helpers_;
+  key_hold* holds_ = nullptr;  // the live holds of many-key ops (key_slot.hpp)
   std::uint64_t seq_ = 0;
   std::size_t in_flight_ = 0;
   unsigned idle_ = 0;            // pool threads waiting for work
