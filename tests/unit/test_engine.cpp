@@ -211,17 +211,54 @@ TEST_CASE("op::then: the op's error reaches f and the new op; what f throws is i
 
 using kvstore::detail::key_slot;
 
+namespace {
+
+// Ops over random keys record, per key, the order they ran in, and whether two ever ran on a key
+// at once; some complete later, from a thread of their own.
+struct key_log_run {
+  explicit key_log_run(int keys) : log(static_cast<std::size_t>(keys)), holders(log.size()) {}
+  std::vector<std::vector<int>> log;      // per key: ops in the order they ran
+  std::vector<std::atomic<int>> holders;  // ops running on the key now
+  std::mutex m;
+  std::atomic<bool> overlap{false};
+  std::vector<std::thread> finishers;
+
+  // Op i's task over keys ks; `later`: it completes from another thread after `delay`.
+  auto task(int i, std::vector<int> ks, bool later, std::chrono::microseconds delay) {
+    return [this, i, ks = std::move(ks), later, delay](engine::done_fn done) {
+      for (int k : ks)
+        if (holders[static_cast<std::size_t>(k)].fetch_add(1) != 0) overlap = true;
+      {
+        std::lock_guard lk(m);
+        for (int k : ks) log[static_cast<std::size_t>(k)].push_back(i);
+      }
+      auto finish = [this, ks, done] {
+        for (int k : ks) holders[static_cast<std::size_t>(k)].fetch_sub(1);
+        done(nullptr);
+      };
+      if (!later) return finish();
+      std::lock_guard lk(m);
+      finishers.emplace_back([finish, delay] {
+        std::this_thread::sleep_for(delay);
+        finish();
+      });
+    };
+  }
+  void join() {
+    std::lock_guard lk(m);
+    for (auto& t : finishers) t.join();
+  }
+};
+
+}  // namespace
+
 TEST_CASE("ops over many keys and one-key ops: per-key issue order, never two on a key at once" *
           doctest::timeout(60)) {
   engine e(4);
   constexpr int keys = 16, ops = 3000;
   std::vector<key_slot> slots(keys);
-  std::vector<std::vector<int>> log(keys);      // per key: ops in the order they ran
-  std::vector<std::atomic<int>> holders(keys);  // ops running on the key now
-  std::mutex m;
-  std::atomic<bool> overlap{false};
+  key_log_run run(keys);
   auto st = std::make_shared<op_state>(ops);
-  std::vector<std::thread> finishers;
   std::mt19937 rng(12);
   for (int i = 0; i < ops; ++i) {
     std::vector<int> ks;
@@ -232,25 +269,8 @@ TEST_CASE("ops over many keys and one-key ops: per-key issue order, never two on
     } else {
       ks.push_back(static_cast<int>(rng() % keys));
     }
-    const bool later = i % 7 == 0;  // completes from another thread, after the task returned
-    auto task = [&, i, ks, later](engine::done_fn done) {
-      for (int k : ks)
-        if (holders[static_cast<std::size_t>(k)].fetch_add(1) != 0) overlap = true;
-      {
-        std::lock_guard lk(m);
-        for (int k : ks) log[static_cast<std::size_t>(k)].push_back(i);
-      }
-      auto finish = [&holders, ks, done] {
-        for (int k : ks) holders[static_cast<std::size_t>(k)].fetch_sub(1);
-        done(nullptr);
-      };
-      if (!later) return finish();
-      std::lock_guard lk(m);
-      finishers.emplace_back([finish] {
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-        finish();
-      });
-    };
+    // i % 7 == 0: completes from another thread, after the task returned
+    auto task = run.task(i, ks, i % 7 == 0, std::chrono::microseconds(200));
     if (ks.size() == 1 && i % 3) {
       e.submit(slots[static_cast<std::size_t>(ks[0])], static_cast<int>(rng() % 3), task, st,
                i % 2 == 0);
@@ -261,15 +281,12 @@ TEST_CASE("ops over many keys and one-key ops: per-key issue order, never two on
     }
   }
   kvstore::op(st).wait();
-  {
-    std::lock_guard lk(m);
-    for (auto& t : finishers) t.join();
-  }
+  run.join();
   e.wait_all();
-  CHECK_FALSE(overlap.load());
+  CHECK_FALSE(run.overlap.load());
   std::size_t total = 0;
   for (int k = 0; k < keys; ++k) {
-    const auto& l = log[static_cast<std::size_t>(k)];
+    const auto& l = run.log[static_cast<std::size_t>(k)];
     total += l.size();
     CHECK(std::is_sorted(l.begin(), l.end()));
     CHECK(slots[static_cast<std::size_t>(k)].completed == l.size());
@@ -411,13 +428,9 @@ TEST_CASE("ops over hundreds of keys and one-key ops at random: per-key order, w
   engine e(4);
   constexpr int keys = 600, ops = 600;
   std::vector<key_slot> slots(keys);
-  std::vector<std::vector<int>> log(keys);      // per key: ops in the order they ran
-  std::vector<int> issued(keys, 0);             // per key: ops issued on it (this thread)
-  std::vector<std::atomic<int>> holders(keys);  // ops running on the key now
-  std::mutex m;
-  std::atomic<bool> overlap{false};
+  key_log_run run(keys);
+  std::vector<int> issued(keys, 0);  // per key: ops issued on it (this thread)
   auto st = std::make_shared<op_state>(ops);
-  std::vector<std::thread> finishers;
   std::mt19937 rng(7);
   for (int i = 0; i < ops; ++i) {
     std::vector<int> ks;
@@ -428,45 +441,25 @@ TEST_CASE("ops over hundreds of keys and one-key ops at random: per-key order, w
       ks.push_back(static_cast<int>(rng() % keys));
     }
     for (int k : ks) ++issued[static_cast<std::size_t>(k)];
-    const bool later = i % 5 == 0;  // completes from another thread, after the task returned
-    auto task = [&, i, ks, later](engine::done_fn done) {
-      for (int k : ks)
-        if (holders[static_cast<std::size_t>(k)].fetch_add(1) != 0) overlap = true;
-      {
-        std::lock_guard lk(m);
-        for (int k : ks) log[static_cast<std::size_t>(k)].push_back(i);
-      }
-      auto finish = [&holders, ks, done] {
-        for (int k : ks) holders[static_cast<std::size_t>(k)].fetch_sub(1);
-        done(nullptr);
-      };
-      if (!later) return finish();
-      std::lock_guard lk(m);
-      finishers.emplace_back([finish] {
-        std::this_thread::sleep_for(std::chrono::microseconds(300));
-        finish();
-      });
-    };
     std::vector<key_slot*> ps;
     for (int k : ks) ps.push_back(&slots[static_cast<std::size_t>(k)]);
-    e.submit(std::span<key_slot* const>(ps), static_cast<int>(rng() % 3), task, st, i % 2 == 0);
+    // i % 5 == 0: completes from another thread, after the task returned
+    e.submit(std::span<key_slot* const>(ps), static_cast<int>(rng() % 3),
+             run.task(i, ks, i % 5 == 0, std::chrono::microseconds(300)), st, i % 2 == 0);
     if (i % 40 == 39) {  // a wait on one key sees every op issued on it done
       const auto k = static_cast<std::size_t>(rng() % keys);
       e.wait_slot(slots[k]);
       CHECK_FALSE(slots[k].busy());
-      std::lock_guard lk(m);
-      CHECK(log[k].size() == static_cast<std::size_t>(issued[k]));
+      std::lock_guard lk(run.m);
+      CHECK(run.log[k].size() == static_cast<std::size_t>(issued[k]));
     }
   }
   kvstore::op(st).wait();
-  {
-    std::lock_guard lk(m);
-    for (auto& t : finishers) t.join();
-  }
+  run.join();
   e.wait_all();
-  CHECK_FALSE(overlap.load());
+  CHECK_FALSE(run.overlap.load());
   for (int k = 0; k < keys; ++k) {
-    const auto& l = log[static_cast<std::size_t>(k)];
+    const auto& l = run.log[static_cast<std::size_t>(k)];
     auto& s = slots[static_cast<std::size_t>(k)];
     CHECK(std::is_sorted(l.begin(), l.end()));
     CHECK(l.size() == static_cast<std::size_t>(issued[static_cast<std::size_t>(k)]));
