@@ -56,4 +56,7 @@ struct key_slot {
   }
 };
 
+// A key record's first cache line holds its slot beside what a multi-key call reads of it.
+static_assert(sizeof(key_slot) == 40, "key_slot grew: key_record's first line no longer fits it");
+
 }  // namespace kvstore::detail
