@@ -354,14 +354,9 @@ struct batch_ops {
       std::memcpy(at, s.value.data(), s.value.size());
       at += s.value.size();
     }
-    const std::size_t chunk = std::max<std::size_t>(1, sh.cfg_.chunk_bytes / elem);
-    for (std::uint64_t off = 0; off < h.total; off += chunk) {
-      const std::uint64_t n = std::min<std::uint64_t>(chunk, h.total - off);
-      wire::header f = value_answers<Port>::data_header(h, h.total, h.type);
-      f.offset = off;
-      f.flags = wire::flag_batch | (off + n == h.total ? wire::flag_last : 0u);
-      from.send(f, {buf->data() + off * elem, static_cast<std::size_t>(n * elem)}, buf);
-    }
+    using answers = value_answers<Port>;
+    answers::send_frames(from, answers::data_header(h, h.total, h.type), buf->data(), h.total, elem,
+                         0, wire::flag_batch, buf, sh.cfg_.chunk_bytes);
   }
 
  private:

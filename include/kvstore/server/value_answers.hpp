@@ -1,7 +1,7 @@
 // The data frames that answer a pull on a server: a slice's value (plain or in a 16-bit
-// encoding), a range of its elements or some of its rows, cut into frames of at most chunk_bytes
-// and sent through the asker's Port (see server/shard.hpp). The shard decides when a pull is
-// answered; this file only builds and sends its frames.
+// encoding), a range of its elements or some of its rows, and a batched pull's values, cut into
+// frames of at most chunk_bytes and sent through the asker's Port (see server/shard.hpp). The
+// shard decides when a pull is answered; this file only builds and sends its frames.
 #pragma once
 
 #include <kvstore/server/request_checks.hpp>
@@ -28,15 +28,8 @@ struct value_answers {
   static void send_value(const Port& from, const wire::header& h, const slice& s,
                          std::size_t chunk_bytes) {
     if (wire::encoding_bits(h.flags)) return send_encoded(from, h, s, chunk_bytes);
-    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / s.elem());
     auto [keep, base] = s.value.share();
-    for (std::uint64_t off = 0; off < s.size(); off += chunk) {
-      const std::uint64_t n = std::min<std::uint64_t>(chunk, s.size() - off);
-      wire::header f = data_header(s, h);
-      f.offset = s.lo + off;
-      if (off + n == s.size()) f.flags = wire::flag_last;
-      from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
-    }
+    send_frames(from, data_header(s, h), base, s.size(), s.elem(), s.lo, 0, keep, chunk_bytes);
   }
 
   /// The slice's value in the 16-bit encoding the pull asks for (its flags, checked by
@@ -53,30 +46,17 @@ struct value_answers {
     with_dtype(s.type, [&]<class T>() {
       wire::encode_16bit(e, reinterpret_cast<const T*>(s.value.data()), s.size(), buf->data());
     });
-    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / 2);
-    for (std::uint64_t off = 0; off < s.size(); off += chunk) {
-      const std::uint64_t n = std::min<std::uint64_t>(chunk, s.size() - off);
-      wire::header f = data_header(s, h);
-      f.offset = s.lo + off;
-      f.flags = wire::encoding_flags(e) | (off + n == s.size() ? wire::flag_last : 0u);
-      from.send(f, {buf->data() + 2 * off, static_cast<std::size_t>(2 * n)}, buf);
-    }
+    send_frames(from, data_header(s, h), buf->data(), s.size(), 2, s.lo, wire::encoding_flags(e),
+                buf, chunk_bytes);
   }
 
   /// Elements [r.offset, r.offset + r.length) of the slice, in data frames of at most
   /// `chunk_bytes` flagged flag_range, their offsets counted from the range's first element.
   static void send_range(const Port& from, const wire::header& h, const slice& s,
                          wire::range_meta r, std::size_t chunk_bytes) {
-    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / s.elem());
     auto [keep, at] = s.value.share();
-    const std::byte* base = at + (r.offset - s.lo) * s.elem();
-    for (std::uint64_t off = 0; off < r.length; off += chunk) {
-      const std::uint64_t n = std::min<std::uint64_t>(chunk, r.length - off);
-      wire::header f = data_header(s, h);
-      f.offset = off;
-      f.flags = wire::flag_range | (off + n == r.length ? wire::flag_last : 0u);
-      from.send(f, {base + off * s.elem(), static_cast<std::size_t>(n * s.elem())}, keep);
-    }
+    send_frames(from, data_header(s, h), at + (r.offset - s.lo) * s.elem(), r.length, s.elem(), 0,
+                wire::flag_range, keep, chunk_bytes);
   }
 
   /// The rows listed (checked already), copied into data frames of at most `chunk_bytes`
@@ -101,6 +81,22 @@ struct value_answers {
       from.send(f, {buf->data(), buf->size()}, buf);
       i += n;
     } while (i < rows.size());
+  }
+
+  /// `count` elements of `elem` bytes at `base` (alive while `keep` is) in data frames `f` of at
+  /// most `chunk_bytes` (one element at least), each at offset `first` plus its first element's
+  /// index and flagged `flags`, the last one also flag_last.
+  static void send_frames(const Port& to, wire::header f, const std::byte* base,
+                          std::uint64_t count, std::size_t elem, std::uint64_t first,
+                          std::uint32_t flags, const std::shared_ptr<const void>& keep,
+                          std::size_t chunk_bytes) {
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes / elem);
+    for (std::uint64_t off = 0; off < count; off += chunk) {
+      const std::uint64_t n = std::min<std::uint64_t>(chunk, count - off);
+      f.offset = first + off;
+      f.flags = flags | (off + n == count ? wire::flag_last : 0u);
+      to.send(f, {base + off * elem, static_cast<std::size_t>(n * elem)}, keep);
+    }
   }
 
   static wire::header data_header(const slice& s, const wire::header& asked) {
