@@ -614,3 +614,20 @@ TEST_CASE(
     }
   }
 }
+
+TEST_CASE("what a batched push or pull reads of a slice lies in the bytes it prefetches" *
+          doctest::timeout(10)) {
+  // batch_ops prefetches a slice's first slice_hot_bytes some keys ahead; a field it reads that
+  // moved past them would be a cache miss per key again.
+  using slice = shard_t::slice;
+  const slice s{};
+  const auto* at = reinterpret_cast<const char*>(&s);
+  auto end_of = [&](const auto& field) {
+    return static_cast<std::size_t>(reinterpret_cast<const char*>(&field) - at) + sizeof(field);
+  };
+  for (std::size_t end : {end_of(s.key), end_of(s.type), end_of(s.total), end_of(s.lo),
+                          end_of(s.hi), end_of(s.round), end_of(s.value), end_of(s.round_done),
+                          end_of(s.applied), end_of(s.cov), end_of(s.batch_stamp)})
+    CHECK(end <= kvstore::detail::slice_hot_bytes);
+  CHECK(end_of(s.batch_stamp) > kvstore::detail::slice_hot_bytes - 64);  // not prefetching spare
+}

@@ -65,11 +65,17 @@ void send_acks(const Port& to, std::uint64_t first, std::uint64_t n) {
     to.send(wire::acks_header(first, n), {}, {});
 }
 
+/// The first bytes of a slice, up to batch_stamp: what a batched push or pull reads of every
+/// key, prefetched some keys ahead (server/batch.hpp). A slice starts 8 bytes into a block that
+/// malloc aligns to 16 (detail/key_map.hpp's node), so these bytes span four cache lines for
+/// three slices in four, not three.
+inline constexpr std::size_t slice_hot_bytes = 192;
+
 /// One key's slice on this server.
 template <class Port>
 struct key_slice : wire::slice_header {
-  // What a push or pull of the key reads first, in the slice's first three cache lines with
-  // the header (a batched frame prefetches them some keys ahead; server/batch.hpp).
+  // What a push or pull of the key reads first, in the slice's first slice_hot_bytes with the
+  // header (a batched frame prefetches them some keys ahead; server/batch.hpp).
   slice_value value;    // inside the slice when small, else shared with pull answers in flight
   rank_set round_done;  // workers whose push is in the sync round being gathered
   // Exactly-once pushes across a server restart: per worker, the sequence number of its last
