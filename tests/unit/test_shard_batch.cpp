@@ -615,7 +615,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("what a batched push or pull reads of a slice lies in the bytes it prefetches" *
+TEST_CASE("what a batched push or pull reads of a slice lies in the bytes they prefetch" *
           doctest::timeout(10)) {
   // batch_ops prefetches a slice's first slice_hot_bytes some keys ahead; a field it reads that
   // moved past them would be a cache miss per key again.
@@ -630,4 +630,9 @@ TEST_CASE("what a batched push or pull reads of a slice lies in the bytes it pre
                           end_of(s.applied), end_of(s.cov), end_of(s.batch_stamp)})
     CHECK(end <= kvstore::detail::slice_hot_bytes);
   CHECK(end_of(s.batch_stamp) > kvstore::detail::slice_hot_bytes - 64);  // not prefetching spare
+  // A batched pull reads less: up to the value.
+  for (std::size_t end : {end_of(s.key), end_of(s.type), end_of(s.total), end_of(s.lo),
+                          end_of(s.hi), end_of(s.round), end_of(s.value)})
+    CHECK(end <= kvstore::detail::slice_pull_bytes);
+  CHECK(end_of(s.value) > kvstore::detail::slice_pull_bytes - 64);
 }

@@ -339,17 +339,20 @@ struct batch_ops {
                   "a batched pull of " + std::to_string(entries.size()) + " keys and " +
                       std::to_string(h.total) + " elements: more than max_frame_bytes (" +
                       std::to_string(sh.cfg_.max_frame_bytes) + ") in one answer");
-    find_slices(sh, h, entries, [&](const slice& s, const wire::batch_entry&) {
-      if (!sh.may_answer(rank, s, 0))
-        throw error(errc::unsupported, "key " + shard_t::key_str(s.key) +
-                                           ": a batched pull cannot wait for slower workers "
-                                           "(staleness); pull it alone");
-    });
+    find_slices(
+        sh, h, entries,
+        [&](const slice& s, const wire::batch_entry&) {
+          if (!sh.may_answer(rank, s, 0))
+            throw error(errc::unsupported, "key " + shard_t::key_str(s.key) +
+                                               ": a batched pull cannot wait for slower workers "
+                                               "(staleness); pull it alone");
+        },
+        slice_pull_bytes);
     const auto& found = sh.batch_slices_;
     auto buf = std::make_shared<bytes>(h.total * elem);
     std::byte* at = buf->data();
     for (std::size_t i = 0; i < entries.size(); ++i) {
-      prefetch_ahead(found, i, found.size());
+      prefetch_ahead(found, i, found.size(), slice_pull_bytes);
       const slice& s = *found[i];
       std::memcpy(at, s.value.data(), s.value.size());
       at += s.value.size();
@@ -364,9 +367,10 @@ struct batch_ops {
   // frame) into sh.batch_slices_, and check(slice, entry) for each; throws at the first bad one.
   // A frame planned before (server/frame_plans.hpp) takes its slices from the plan, compared
   // with the entries in order; one that differs is looked up from its first key again.
+  // `hot`: the bytes of each slice that check and the second pass read (prefetch_lines).
   template <class Check>
   static void find_slices(shard_t& sh, const wire::header& h, const wire::batch_entries& entries,
-                          Check&& check) {
+                          Check&& check, std::size_t hot = slice_hot_bytes) {
     auto& found = sh.batch_slices_;
     const std::size_t n = entries.size();
     found.resize(n);
@@ -374,7 +378,7 @@ struct batch_ops {
     if (const std::vector<slice*>* plan = sh.plans_.find(entries, h.type, frees)) {
       std::size_t i = 0;
       for (; i < n; ++i) {
-        if (i + 8 < n) prefetch_lines((*plan)[i + 8]);
+        if (i + 8 < n) prefetch_lines((*plan)[i + 8], hot);
         slice& s = *(*plan)[i];
         const wire::batch_entry e = entries[i];
         if (!frame_plans<slice>::matches(s, e, h.type)) break;
@@ -462,7 +466,7 @@ struct batch_ops {
         const std::size_t lo = first_of(p), hi = first_of(p + 1);
         try {
           for (std::size_t i = lo; i < hi && !bad.load(std::memory_order_relaxed); ++i) {
-            if (i + 8 < hi) prefetch_lines(plan[i + 8]);
+            if (i + 8 < hi) prefetch_lines(plan[i + 8], slice_hot_bytes);
             slice& s = *plan[i];
             if (!frame_plans<slice>::matches(s, entries[i], h.type)) {
               bad = true;
@@ -509,16 +513,15 @@ struct batch_ops {
     return true;
   }
 
-  // The cache lines of slice s's first slice_hot_bytes (its id, sizes, rounds and marks) start
-  // loading: the three lines from its start, and the fourth its last hot byte falls in when the
-  // slice does not start a line. Without the fourth, a push's read of `cov` missed for three
-  // keys in four (perf annotate: half the samples of the push loop on that one load).
-  static void prefetch_lines(const slice* s) {
+  // The cache lines of slice s's first `hot` bytes (slice_hot_bytes: its id, sizes, rounds
+  // and marks, what a push reads; slice_pull_bytes: up to its value) start loading: a line
+  // every 64 bytes from its start, and the one its last hot byte falls in when the slice does
+  // not start a line. Without that last one, a push's read of `cov` missed for three keys in
+  // four (perf annotate: half the samples of the push loop on that one load).
+  static void prefetch_lines(const slice* s, std::size_t hot) {
     const char* p = reinterpret_cast<const char*>(s);
-    __builtin_prefetch(p);
-    __builtin_prefetch(p + 64);
-    __builtin_prefetch(p + 128);
-    __builtin_prefetch(p + slice_hot_bytes - 1);
+    for (std::size_t at = 0; at < hot; at += 64) __builtin_prefetch(p + at);
+    __builtin_prefetch(p + hot - 1);
   }
 
   // A frame's first pass looks up every key: the keys ahead and their slices' first lines
@@ -533,8 +536,9 @@ struct batch_ops {
   // the cache since): the slice 12 keys ahead, and for a value kept outside its slice the
   // buffer's block of the one 8 ahead and its bytes of the one 4 ahead start loading, so the
   // misses of several keys overlap. Not at or past `end`: keys served by another thread.
-  static void prefetch_ahead(const std::vector<slice*>& found, std::size_t i, std::size_t end) {
-    if (i + 12 < end) prefetch_lines(found[i + 12]);
+  static void prefetch_ahead(const std::vector<slice*>& found, std::size_t i, std::size_t end,
+                             std::size_t hot = slice_hot_bytes) {
+    if (i + 12 < end) prefetch_lines(found[i + 12], hot);
     if (i + 8 < end) found[i + 8]->value.prefetch_block();
     if (i + 4 < end) found[i + 4]->value.prefetch_bytes();
   }

@@ -70,6 +70,9 @@ void send_acks(const Port& to, std::uint64_t first, std::uint64_t n) {
 /// malloc aligns to 16 (detail/key_map.hpp's node), so these bytes span four cache lines for
 /// three slices in four, not three.
 inline constexpr std::size_t slice_hot_bytes = 192;
+/// The first bytes of a slice, up to its value: what a batched pull reads of every key (a pull
+/// that might wait for slower workers, which reads more, is not batched).
+inline constexpr std::size_t slice_pull_bytes = 80;
 
 /// One key's slice on this server.
 template <class Port>
