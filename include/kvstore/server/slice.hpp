@@ -66,9 +66,9 @@ void send_acks(const Port& to, std::uint64_t first, std::uint64_t n) {
 }
 
 /// The first bytes of a slice, up to batch_stamp: what a batched push or pull reads of every
-/// key, prefetched some keys ahead (server/batch.hpp). A slice starts 8 bytes into a block that
-/// malloc aligns to 16 (detail/key_map.hpp's node), so these bytes span four cache lines for
-/// three slices in four, not three.
+/// key, prefetched some keys ahead (server/batch.hpp). A slice starts 8 bytes into its node,
+/// which detail/key_map.hpp places on a 16-byte boundary, so these bytes span four cache lines
+/// for three slices in four, not three.
 inline constexpr std::size_t slice_hot_bytes = 192;
 /// The first bytes of a slice, up to its value: what a batched pull reads of every key (a pull
 /// that might wait for slower workers, which reads more, is not batched).
