@@ -30,7 +30,9 @@
 #include <kvstore/server/frame_plans.hpp>
 #include <kvstore/server/held_pulls.hpp>
 #include <kvstore/server/parked.hpp>
+#include <kvstore/server/pull_gate.hpp>
 #include <kvstore/server/request_checks.hpp>
+#include <kvstore/server/shard_config.hpp>
 #include <kvstore/server/slice.hpp>
 #include <kvstore/server/states.hpp>
 #include <kvstore/server/value_answers.hpp>
@@ -54,29 +56,6 @@
 #include <vector>
 
 namespace kvstore::detail {
-
-/// What a shard needs to know of the job (the server fills it from dist_options).
-struct shard_config {
-  bool sync = true;  ///< dist_sync rounds, or dist_async
-  int num_workers = 1;
-  std::size_t chunk_bytes = std::size_t{1} << 20;        ///< a pull is answered in frames of this
-  std::size_t max_frame_bytes = std::size_t{1} << 30;    ///< an init frame carries at most this
-  std::uint64_t max_key_bytes = std::uint64_t{8} << 30;  ///< bytes of one key slice at most
-  /// Bytes of all slices together (each also counts key_overhead_bytes); 0: no bound.
-  std::uint64_t max_total_bytes = 0;
-  std::uint64_t max_keys = std::uint64_t{1} << 24;  ///< slices this shard holds at most
-
-  // Versions and bounded staleness: pulls held until they may be answered.
-  /// dist_async: a pull waits until every worker still in the group pushed the key at least
-  /// (the puller's pushes of it) - staleness times; nullopt: unbounded (no wait).
-  std::optional<std::uint64_t> staleness;
-  std::size_t max_held_pulls = 4096;                       ///< held pulls of one worker at most
-  std::uint64_t max_held_bytes = std::uint64_t{64} << 20;  ///< and their bytes (row lists)
-  std::chrono::milliseconds hold_timeout{120'000};         ///< a held pull fails after this
-  /// Threads that apply an element-wise optimizer to a large value together, the io thread
-  /// included (server/apply_pool.hpp); 0: the number of cores, 1: the io thread alone.
-  unsigned apply_threads = 1;
-};
 
 template <class Port>
 class shard {
@@ -845,30 +824,10 @@ class shard {
 
   // ---- held pulls ----------------------------------------------------------------------------
 
-  // How many pushes of the slice's key worker `rank` had applied here: its last push number
-  // (workers number their pushes of a key 1, 2, ... and send each to every slice of the key, and
-  // a re-sent push is never applied twice, so this is a count that survives a restart).
-  static std::uint64_t pushes_of(const slice& s, int rank) { return s.applied.get(rank); }
-
-  // A worker of the group (not left, not dead) that worker `rank` is more than staleness
-  // pushes of this slice ahead of, if any. Only dist_async has a bound: in dist_sync a push is
-  // answered once every worker's push of its round is in, so no worker is ever ahead.
-  std::optional<int> laggard(int rank, const slice& s) const {
-    if (cfg_.sync || !cfg_.staleness) return std::nullopt;  // inline: every pull of a key asks
-    return laggard_within_staleness(rank, s);
-  }
-  std::optional<int> laggard_within_staleness(int rank, const slice& s) const {
-    const std::uint64_t own = pushes_of(s, rank);
-    if (own <= *cfg_.staleness) return std::nullopt;
-    for (int r = 0; r < cfg_.num_workers; ++r)
-      if (r != rank && !left_.count(r) && !dead_.count(r) &&
-          pushes_of(s, r) < own - *cfg_.staleness)
-        return r;
-    return std::nullopt;
-  }
-
+  // The rules of versions and bounded staleness (server/pull_gate.hpp).
+  pull_gate gate() const noexcept { return {cfg_, left_, dead_}; }
   bool may_answer(int rank, const slice& s, std::uint64_t min_version) const {
-    return s.round >= min_version && !laggard(rank, s);
+    return gate().may_answer(rank, s, min_version);
   }
 
   void hold(held_pull<Port> p) {
@@ -910,19 +869,7 @@ class shard {
 
   // What a held pull waits for, for its error.
   std::string why_held(const held_pull<Port>& p) const {
-    const std::string k = "key " + key_str(p.h.key);
-    auto it = slices_.find(p.h.key);
-    if (it == slices_.end()) return k + " waited";
-    const slice& s = it->second;
-    if (s.round < p.h.aux)
-      return k + " waited for version " + std::to_string(p.h.aux) + " (its slice on " + who_ +
-             " is at version " + std::to_string(s.round) + ")";
-    const auto slow = laggard(p.rank, s);
-    if (!slow) return k + " waited";
-    return k + " waited for worker " + std::to_string(*slow) + ", which pushed it " +
-           std::to_string(pushes_of(s, *slow)) + " times, more than staleness " +
-           std::to_string(*cfg_.staleness) + " behind worker " + std::to_string(p.rank) + "'s " +
-           std::to_string(pushes_of(s, p.rank));
+    return gate().why_waits(p.rank, p.h.key, p.h.aux, slices_.find_value(p.h.key), who_);
   }
 
   void check_dead(slice& s) {
