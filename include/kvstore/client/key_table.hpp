@@ -7,6 +7,7 @@
 
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/detail/flat_index.hpp>
+#include <kvstore/detail/prefetch.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -43,7 +44,7 @@ class key_table {
   /// (flat_index::prefetch_ahead); read_lock() held.
   template <class IdOf>
   void prefetch_ahead_locked(IdOf&& id_of, std::size_t i, std::size_t n) const {
-    index_.prefetch_ahead(id_of, i, n, 2);
+    index_.prefetch_ahead(id_of, i, n, [](const key_record& r) { prefetch_bytes(&r, 128); });
   }
 
   /// Adds every record of `rs` whose id is free, under one lock (a multi-key init); returns the

@@ -71,15 +71,14 @@ class flat_index {
   }
 
   /// Step i of a walk that looks up id_of(0), ..., id_of(n - 1) in turn: starts loading the
-  /// slot of the id 16 steps ahead, and the first `lines` cache lines of the object of the id 8
-  /// ahead (its slot loaded 8 steps ago), so the misses of several lookups overlap.
-  template <class IdOf>
-  void prefetch_ahead(IdOf&& id_of, std::size_t i, std::size_t n, int lines) const noexcept {
+  /// slot of the id 16 steps ahead, and calls touch(object) for the id 8 ahead (its slot loaded
+  /// 8 steps ago), which starts loading what the walk will read of it, so the misses of several
+  /// lookups overlap.
+  template <class IdOf, class Touch>
+  void prefetch_ahead(IdOf&& id_of, std::size_t i, std::size_t n, Touch&& touch) const noexcept {
     if (i + 16 < n) prefetch(id_of(i + 16));
     if (i + 8 < n)
-      if (const V* v = find(id_of(i + 8)))
-        for (int l = 0; l < lines; ++l)
-          __builtin_prefetch(reinterpret_cast<const char*>(v) + 64 * l);
+      if (const V* v = find(id_of(i + 8))) touch(*v);
   }
 
   /// Room for n ids without growing.

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <kvstore/detail/flat_index.hpp>
+#include <kvstore/detail/prefetch.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -70,9 +71,9 @@ class key_map {
     slabs& operator=(slabs&& o) noexcept {
       blocks_ = std::move(o.blocks_);
       free_ = std::move(o.free_);
-      used_ = std::exchange(o.used_, 0);
-      last_slots_ = std::exchange(o.last_slots_, 0);
-      capacity_ = std::exchange(o.capacity_, 0);
+      used_ = o.used_;
+      last_slots_ = o.last_slots_;
+      capacity_ = o.capacity_;
       o.clear();
       return *this;
     }
@@ -278,10 +279,12 @@ class key_map {
   std::uint64_t frees() const noexcept { return frees_; }
 
   /// Step i of a walk looking up id_of(0), ..., id_of(n - 1): prefetches the ids ahead and
-  /// the first `lines` cache lines of their values (flat_index::prefetch_ahead).
+  /// the first `value_bytes` bytes of their values (flat_index::prefetch_ahead).
   template <class IdOf>
-  void prefetch_ahead(IdOf&& id_of, std::size_t i, std::size_t n, int lines) const noexcept {
-    index_.prefetch_ahead(id_of, i, n, lines);
+  void prefetch_ahead(IdOf&& id_of, std::size_t i, std::size_t n,
+                      std::size_t value_bytes) const noexcept {
+    index_.prefetch_ahead(id_of, i, n,
+                          [&](const node& nd) { prefetch_bytes(&nd.kv.second, value_bytes); });
   }
 
  private:

@@ -9,6 +9,7 @@
 // after key.
 #pragma once
 
+#include <kvstore/detail/prefetch.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/server/apply_pool.hpp>
 #include <kvstore/server/frame_plans.hpp>
@@ -518,18 +519,14 @@ struct batch_ops {
   // every 64 bytes from its start, and the one its last hot byte falls in when the slice does
   // not start a line. Without that last one, a push's read of `cov` missed for three keys in
   // four (perf annotate: half the samples of the push loop on that one load).
-  static void prefetch_lines(const slice* s, std::size_t hot) {
-    const char* p = reinterpret_cast<const char*>(s);
-    for (std::size_t at = 0; at < hot; at += 64) __builtin_prefetch(p + at);
-    __builtin_prefetch(p + hot - 1);
-  }
+  static void prefetch_lines(const slice* s, std::size_t hot) { prefetch_bytes(s, hot); }
 
   // A frame's first pass looks up every key: the keys ahead and their slices' first lines
   // start loading, so the misses of several keys overlap.
   static void prefetch_lookup(const shard_t& sh, const wire::batch_entries& entries,
                               std::size_t i) {
-    // Four lines from the map's node: its id, then the slice's hot bytes.
-    sh.slices_.prefetch_ahead([&](std::size_t j) { return entries[j].key; }, i, entries.size(), 4);
+    sh.slices_.prefetch_ahead([&](std::size_t j) { return entries[j].key; }, i, entries.size(),
+                              slice_hot_bytes);
   }
 
   // A frame's second pass over its slices (the first found them, but over many keys they left
