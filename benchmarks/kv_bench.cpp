@@ -579,11 +579,19 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
           report({growth_name("init", N), rep, double(N), double(N) * 4.0, secs(a, b)});
       }
       bar.wait();
+      // Each call is timed twice: after the barrier, with other cases run since this one's
+      // keys were last touched, and once more at once (push_again, pull_again), their records
+      // and slices still in the caches. A training step's compute between calls leaves them
+      // cold: the first figure is the one the targets judge.
       if (c.on && cfg.want(growth_name("push", N))) {
         auto a = mark();
         kv.push(ks, std::span<const std::span<const float>>(c.in)).wait();
         auto b = clk::now();
         report({growth_name("push", N), rep, double(N), double(N) * 4.0, secs(a, b)});
+        a = mark();
+        kv.push(ks, std::span<const std::span<const float>>(c.in)).wait();
+        b = clk::now();
+        report({growth_name("push_again", N), rep, double(N), double(N) * 4.0, secs(a, b)});
       }
       bar.wait();
       if (c.on && cfg.want(growth_name("pull", N))) {
@@ -592,6 +600,10 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
         kv.pull(ks, std::span<const std::span<float>>(c.out)).wait();
         auto b = clk::now();
         report({growth_name("pull", N), rep, double(N), double(N) * 4.0, secs(a, b)});
+        a = mark();
+        kv.pull(ks, std::span<const std::span<float>>(c.out)).wait();
+        b = clk::now();
+        report({growth_name("pull_again", N), rep, double(N), double(N) * 4.0, secs(a, b)});
         for (std::size_t i = 0; i < N; ++i) {
           // After a push every key holds the workers' sum; without one, rank 0's value.
           const float want =
@@ -1371,10 +1383,12 @@ void growth_table(const config& cfg, const std::string& cl, int W, const std::ve
   std::printf(
       "\n  %s growth: N single-float keys in one init / push / pull call; us per key = the call's\n"
       "  time / N (init: once, the first repetition). raw TCP: one message per server, 12 B a key\n"
-      "  (init, push; acknowledged), or 8 B a key asked and 4 B answered (pull)\n",
+      "  (init, push; acknowledged), or 8 B a key asked and 4 B answered (pull). push agn, pull\n"
+      "  agn: the same call again at once, its keys' records and slices still in the caches\n",
       cl.c_str());
-  std::printf("  %9s | %9s %9s %9s | %9s %9s %9s | %7s %7s %7s\n", "keys", "init", "push", "pull",
-              "raw init", "raw push", "raw pull", "x init", "x push", "x pull");
+  std::printf("  %9s | %9s %9s %9s | %9s %9s %9s | %7s %7s %7s | %9s %9s\n", "keys", "init", "push",
+              "pull", "raw init", "raw push", "raw pull", "x init", "x push", "x pull", "push agn",
+              "pull agn");
   std::map<std::string, std::pair<double, double>> first_last;  // per call: smallest N, largest N
   for (auto n : cfg.growth_keys) {
     double k[3], b[3];
@@ -1411,6 +1425,19 @@ void growth_table(const config& cfg, const std::string& cl, int W, const std::ve
         std::printf(" %7.3f", b[j] / k[j]);
       else
         std::printf(" %7s", "-");
+    // The same call repeated at once: what it costs with its keys' state still in the caches.
+    std::printf(" |");
+    for (const char* w : {"push_again", "pull_again"}) {
+      const std::string name = growth_name(w, n);
+      const double again = us(aggregate(kvs, name));
+      if (again > 0) {
+        results.push_back(
+            {"kv_" + cl + "_" + name + "_us_per_key", again, "us", -1, -1, cl + " growth"});
+        auto& fl = first_last.try_emplace(w, again, again).first->second;
+        fl.second = again;
+      }
+      std::printf(" %s", cell(again));
+    }
     std::printf("\n");
   }
   std::printf("  per-key time at the largest N / at the smallest:");

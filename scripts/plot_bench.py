@@ -5,10 +5,10 @@ usage: plot_bench.py [--out DIR] FILE.json [FILE.json ...]
 
 Each JSON entry is {"name", "value", "unit", "baseline", "ratio", "table"}. A growth table
 ("<setup> growth": N single-float keys in one call) becomes a log-log plot of the time per key
-against N for init, push and pull, kvstore's next to the raw TCP baseline's: a flat line is cost
-linear in the keys. Any other table becomes bars of the ratio to its baseline (1.0 = as fast as
-raw TCP; the dashed line at 0.8 is the target of most cases), or of the values where an entry has
-no baseline. Needs matplotlib (Debian: python3-matplotlib, installed by scripts/setup-deps.sh).
+against N for init, push and pull (and kv_bench's push_again and pull_again: the call repeated
+at once), kvstore's next to the raw TCP baseline's: a flat line is cost linear in the keys. Any
+other table becomes bars of the ratio to its baseline (1.0 = as fast as raw TCP; the dashed line
+at 0.8 is the target of most cases), or of the values where an entry has no baseline. Needs matplotlib (Debian: python3-matplotlib, installed by scripts/setup-deps.sh).
 """
 
 import argparse
@@ -19,7 +19,7 @@ import sys
 from collections import OrderedDict
 from pathlib import Path
 
-GROWTH = re.compile(r"_keys_(init|push|pull)_(\d+)_us_per_key$")
+GROWTH = re.compile(r"_keys_(init|push_again|pull_again|push|pull)_(\d+)_us_per_key$")
 
 
 def load(files):

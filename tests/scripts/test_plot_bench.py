@@ -22,7 +22,7 @@ def run(script, *args):
 def main():
     script = sys.argv[1]
     results = []
-    for what in ("init", "push", "pull"):
+    for what in ("init", "push", "pull", "push_again", "pull_again"):
         for n, us in ((1000, 0.9), (10000, 0.5), (100000, 0.4), (1000000, 0.45)):
             results.append({"name": f"kv_1x1_keys_{what}_{n}_us_per_key", "value": us,
                             "unit": "us", "baseline": us / 4, "ratio": 0.25,
