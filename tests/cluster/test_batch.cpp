@@ -246,7 +246,7 @@ TEST_CASE(
     doctest::timeout(120)) {
   kvtest::cluster c(kvtest::test_options(1, 2));
   c.run_workers([&](KVStore<dist>& kv) {
-    constexpr std::size_t n = 80000;  // over two batches of batch_keys (32,768) each
+    constexpr std::size_t n = 80000;  // many batches of batch_keys (8,192) each
     auto m = keys_of(0, n, 1, 0.0f);  // 1 to 3 floats each, key i starting at i % 5
     kv.init(m.keys, m.in());
     kv.set_optimizer(kvstore::optim::add{});  // w += g: every push counts

@@ -21,7 +21,7 @@ struct key_link {
 /// A many-key op's hold on its keys, which outlives the op. Once the op is done, each key it
 /// held goes free when the key is next touched (an op queued on it, a wait on it), unless an op
 /// queued behind it on some key: then its finish walks its keys, as a one-key op's does. A batch
-/// of a multi-key call names up to 32,768 keys; walking them on the thread that read the answer
+/// of a multi-key call names thousands of keys; walking them on the thread that read the answer
 /// cost ~25 ns a key, each key's record taken from the caller's core and handed back to it by
 /// the next call (issue 12).
 struct key_hold {
