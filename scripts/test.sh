@@ -76,7 +76,10 @@ stage build
 echo "== build (build/, RelWithDebInfo) =="
 configure build
 cmake --build build -j"$JOBS"
-if cmake --build build --target help | grep -q '^docs:'; then
+# The target list read whole first: grep -q stopping early broke the pipe, and under pipefail
+# the docs were then skipped.
+targets_help=$(cmake --build build --target help)
+if grep -q '^docs:' <<<"$targets_help"; then
   echo "== docs: the API reference from the headers (build/docs/html) =="
   cmake --build build --target docs || failed+=("docs")
 fi
