@@ -8,7 +8,8 @@ Each JSON entry is {"name", "value", "unit", "baseline", "ratio", "table"}. A gr
 against N for init, push and pull (and kv_bench's push_again and pull_again: the call repeated
 at once), kvstore's next to the raw TCP baseline's: a flat line is cost linear in the keys. Any
 other table becomes bars of the ratio to its baseline (1.0 = as fast as raw TCP; the dashed line
-at 0.8 is the target of most cases), or of the values where an entry has no baseline. Needs matplotlib (Debian: python3-matplotlib, installed by scripts/setup-deps.sh).
+at 0.8 is the target of most cases), or of the values where an entry has no baseline. Needs
+matplotlib (Debian: python3-matplotlib, installed by scripts/setup-deps.sh).
 """
 
 import argparse
