@@ -343,7 +343,7 @@ struct batch_ops {
     find_slices(
         sh, h, entries,
         [&](const slice& s, const wire::batch_entry&) {
-          if (!sh.gate().may_answer(rank, s, 0))
+          if (!sh.may_answer(rank, s, 0))
             throw error(errc::unsupported, "key " + shard_t::key_str(s.key) +
                                                ": a batched pull cannot wait for slower workers "
                                                "(staleness); pull it alone");
