@@ -55,6 +55,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -163,6 +164,9 @@ struct sample {
   double cpu = 0,
          csw = 0;   // the reporting process's CPU seconds (all threads) and context switches
   double wire = 0;  // bytes its TCP sockets sent and received (TCP_INFO)
+  // The kvstore server processes' CPU seconds (all their threads) over the sample, as the
+  // reporting worker read them (growth calls only: there the servers do most of the work).
+  double server_cpu = 0;
 };
 
 // CPU time, context switches and TCP bytes of this process (all its threads) since the last
@@ -193,14 +197,30 @@ sample with_usage(sample s) {
 
 std::string fmt_sample(const sample& s) {
   char buf[256];
-  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f %.6f %.0f %.0f\n", s.name.c_str(), s.rep,
-                s.ops, s.bytes, s.secs, s.cpu, s.csw, s.wire);
+  std::snprintf(buf, sizeof buf, "S %s %d %.0f %.0f %.9f %.6f %.0f %.0f %.6f\n", s.name.c_str(),
+                s.rep, s.ops, s.bytes, s.secs, s.cpu, s.csw, s.wire, s.server_cpu);
   return buf;
 }
 
 // ---- processes -----------------------------------------------------------------------------
 
 std::vector<pid_t> children;
+// The kvstore server processes of the running setup (none when colocated): the workers, forked
+// after them, read their CPU time.
+std::vector<pid_t> kv_servers;
+
+// CPU seconds of the kvstore server processes so far, all their threads (each process's CPU
+// clock, to the nanosecond; a server that is gone counts 0).
+double servers_cpu() {
+  double sum = 0;
+  for (pid_t p : kv_servers) {
+    clockid_t c;
+    timespec t{};
+    if (::clock_getcpuclockid(p, &c) == 0 && ::clock_gettime(c, &t) == 0)
+      sum += double(t.tv_sec) + double(t.tv_nsec) * 1e-9;
+  }
+  return sum;
+}
 
 void write_all(int fd, const std::string& s) {
   const char* p = s.data();
@@ -574,10 +594,13 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
       const std::span<const std::span<float>> out(c.out);
       // Times call() and reports it as measurement `what` of this N.
       auto timed = [&](const char* what, auto&& call) {
+        const double servers_before = servers_cpu();
         auto a = mark();
         call();
         auto b = clk::now();
-        report({growth_name(what, N), rep, double(N), double(N) * 4.0, secs(a, b)});
+        sample s{growth_name(what, N), rep, double(N), double(N) * 4.0, secs(a, b)};
+        s.server_cpu = servers_cpu() - servers_before;
+        report(s);
       };
       bar.wait();
       if (c.on && rep == 0) {
@@ -1036,6 +1059,7 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
   const std::size_t max_bytes = baseline_bytes(cfg);
   auto o = cluster_options(W, S);
   o.colocated = colocated;
+  kv_servers.clear();
   if (with_kv) {
     int sched_fd = spawn([&](int fd) {
       auto so = o;
@@ -1058,6 +1082,7 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
         srv.run();
         return 0;
       }));
+      kv_servers.push_back(children.back());
     }
   }
   std::vector<std::uint16_t> ports;
@@ -1145,7 +1170,7 @@ bool run_setup(const config& cfg, int W, int S, std::vector<sample>& kv_out,
           std::istringstream is(l.substr(2));
           sample smp;
           is >> smp.name >> smp.rep >> smp.ops >> smp.bytes >> smp.secs >> smp.cpu >> smp.csw >>
-              smp.wire;
+              smp.wire >> smp.server_cpu;
           (m.group == 0 ? kv_out : base_out).push_back(smp);
         } else if (l.rfind("E ", 0) == 0) {
           std::fprintf(stderr, "kv_bench: %s %dx%d: %s\n", m.group == 0 ? "kvstore" : "baseline", W,
@@ -1172,6 +1197,9 @@ struct figure {
   double ops_s = 0, gb_s = 0, lo_ops = 0, hi_ops = 0;
   double cpu_us_op = 0, csw_op = 0;  // per op, summed over the worker (client) processes
   double wire_op = 0;  // TCP bytes sent and received per op by the worker (client) processes
+  // The kvstore servers' CPU per op, all their threads (growth calls; each worker reads all the
+  // servers over its call, so the largest reading counts, once).
+  double server_cpu_us_op = 0;
   bool present = false;
 };
 
@@ -1181,9 +1209,9 @@ figure aggregate(const std::vector<sample>& all, const std::string& name) {
   for (auto& s : all)
     if (s.name == name) by_rep[s.rep].push_back(&s);
   std::vector<std::pair<double, double>> v;  // ops/s, GB/s
-  std::vector<double> cpu, csw, wire;
+  std::vector<double> cpu, csw, wire, server_cpu;
   for (auto& [rep, ss] : by_rep) {
-    double ops = 0, bytes = 0, t = 0, c = 0, w = 0, tcp = 0;
+    double ops = 0, bytes = 0, t = 0, c = 0, w = 0, tcp = 0, sc = 0;
     for (auto* s : ss) {
       ops += s->ops;
       bytes += s->bytes;
@@ -1191,12 +1219,14 @@ figure aggregate(const std::vector<sample>& all, const std::string& name) {
       c += s->cpu;
       w += s->csw;
       tcp += s->wire;
+      sc = std::max(sc, s->server_cpu);
     }
     if (t > 0) v.push_back({ops / t, bytes / t / 1e9});
     if (ops > 0) {
       cpu.push_back(c / ops * 1e6);
       csw.push_back(w / ops);
       wire.push_back(tcp / ops);
+      server_cpu.push_back(sc / ops * 1e6);
     }
   }
   figure f;
@@ -1213,6 +1243,8 @@ figure aggregate(const std::vector<sample>& all, const std::string& name) {
   f.csw_op = csw[csw.size() / 2];
   std::sort(wire.begin(), wire.end());
   f.wire_op = wire[wire.size() / 2];
+  std::sort(server_cpu.begin(), server_cpu.end());
+  f.server_cpu_us_op = server_cpu[server_cpu.size() / 2];
   return f;
 }
 
@@ -1363,6 +1395,45 @@ std::vector<result> conversion_bench(std::size_t n, int reps) {
   return out;
 }
 
+// Where a growth call's time goes: the CPU its workers' and its servers' processes spent (all
+// their threads) per key a worker named, next to the call's time per key. On a machine whose
+// cores all take part, a call whose CPU over the cores is close to its time is bound by CPU,
+// and one far below it waits (on the wire, or on one busy thread).
+void cpu_table(const config& cfg, const std::string& cl, int W, const std::vector<sample>& kvs,
+               std::vector<result>& results) {
+  bool any = false;
+  for (auto n : cfg.growth_keys)
+    any = any || aggregate(kvs, growth_name("push", n)).server_cpu_us_op > 0 ||
+          aggregate(kvs, growth_name("pull", n)).server_cpu_us_op > 0;
+  if (!any) return;  // colocated: no server processes to read
+  std::printf(
+      "\n  %s growth, CPU: ns per key of the workers' and the servers' processes (all threads)\n"
+      "  over the same calls, and the call's time per key in ns\n",
+      cl.c_str());
+  std::printf("  %9s | %9s %9s %9s | %9s %9s %9s\n", "keys", "push wkr", "push srv", "push ns",
+              "pull wkr", "pull srv", "pull ns");
+  for (auto n : cfg.growth_keys) {
+    std::printf("  %9zu |", n);
+    for (const char* w : {"push", "pull"}) {
+      const std::string name = growth_name(w, n);
+      const figure f = aggregate(kvs, name);
+      if (!f.present) {
+        std::printf(" %9s %9s %9s |", "-", "-", "-");
+        continue;
+      }
+      const double wkr = f.cpu_us_op * 1e3, srv = f.server_cpu_us_op * 1e3;
+      std::printf(" %9.1f %9.1f %9.1f |", wkr, srv, f.ops_s > 0 ? 1e9 * W / f.ops_s : 0.0);
+      results.push_back(
+          {"kv_" + cl + "_keys_" + w + "_cpu_workers_" + std::to_string(n) + "_ns_per_key", wkr,
+           "ns", -1, -1, cl + " growth"});
+      results.push_back(
+          {"kv_" + cl + "_keys_" + w + "_cpu_servers_" + std::to_string(n) + "_ns_per_key", srv,
+           "ns", -1, -1, cl + " growth"});
+    }
+    std::printf("\n");
+  }
+}
+
 // The growth table of one setup: per N, the time of one multi-key call per key (the call's time
 // / N, the slowest worker's) for init, push and pull, next to the raw baseline's, then how much
 // the per-key time grew from the smallest N to the largest. `figs` gets "<setup>keys_<what>_<N>"
@@ -1433,6 +1504,7 @@ void growth_table(const config& cfg, const std::string& cl, int W, const std::ve
     figs[cl + "keys_" + w + "_growth"].present = true;
   }
   std::printf(" (x = raw us / kv us: above 1, kvstore is faster)\n");
+  cpu_table(cfg, cl, W, kvs, results);
 }
 
 }  // namespace
