@@ -1395,16 +1395,26 @@ std::vector<result> conversion_bench(std::size_t n, int reps) {
   return out;
 }
 
+// A growth call's time per key a worker named, in us (the slowest worker's call over N), or -1
+// when not measured.
+double us_per_key(const figure& f, int W) {
+  return f.present && f.ops_s > 0 ? 1e6 * W / f.ops_s : -1.0;
+}
+
 // Where a growth call's time goes: the CPU its workers' and its servers' processes spent (all
 // their threads) per key a worker named, next to the call's time per key. On a machine whose
 // cores all take part, a call whose CPU over the cores is close to its time is bound by CPU,
 // and one far below it waits (on the wire, or on one busy thread).
 void cpu_table(const config& cfg, const std::string& cl, int W, const std::vector<sample>& kvs,
                std::vector<result>& results) {
+  // Per N, push's and pull's figures, each aggregated once.
+  std::vector<std::pair<figure, figure>> figs;
   bool any = false;
-  for (auto n : cfg.growth_keys)
-    any = any || aggregate(kvs, growth_name("push", n)).server_cpu_us_op > 0 ||
-          aggregate(kvs, growth_name("pull", n)).server_cpu_us_op > 0;
+  for (auto n : cfg.growth_keys) {
+    figs.emplace_back(aggregate(kvs, growth_name("push", n)),
+                      aggregate(kvs, growth_name("pull", n)));
+    any = any || figs.back().first.server_cpu_us_op > 0 || figs.back().second.server_cpu_us_op > 0;
+  }
   if (!any) return;  // colocated: no server processes to read
   std::printf(
       "\n  %s growth, CPU: ns per key of the workers' and the servers' processes (all threads)\n"
@@ -1412,17 +1422,19 @@ void cpu_table(const config& cfg, const std::string& cl, int W, const std::vecto
       cl.c_str());
   std::printf("  %9s | %9s %9s %9s | %9s %9s %9s\n", "keys", "push wkr", "push srv", "push ns",
               "pull wkr", "pull srv", "pull ns");
-  for (auto n : cfg.growth_keys) {
+  for (std::size_t g = 0; g < cfg.growth_keys.size(); ++g) {
+    const std::size_t n = cfg.growth_keys[g];
     std::printf("  %9zu |", n);
-    for (const char* w : {"push", "pull"}) {
-      const std::string name = growth_name(w, n);
-      const figure f = aggregate(kvs, name);
+    const std::pair<const char*, const figure*> calls[] = {{"push", &figs[g].first},
+                                                           {"pull", &figs[g].second}};
+    for (const auto& [w, fp] : calls) {
+      const figure& f = *fp;
       if (!f.present) {
         std::printf(" %9s %9s %9s |", "-", "-", "-");
         continue;
       }
       const double wkr = f.cpu_us_op * 1e3, srv = f.server_cpu_us_op * 1e3;
-      std::printf(" %9.1f %9.1f %9.1f |", wkr, srv, f.ops_s > 0 ? 1e9 * W / f.ops_s : 0.0);
+      std::printf(" %9.1f %9.1f %9.1f |", wkr, srv, us_per_key(f, W) * 1e3);
       results.push_back(
           {"kv_" + cl + "_keys_" + w + "_cpu_workers_" + std::to_string(n) + "_ns_per_key", wkr,
            "ns", -1, -1, cl + " growth"});
@@ -1441,7 +1453,7 @@ void cpu_table(const config& cfg, const std::string& cl, int W, const std::vecto
 void growth_table(const config& cfg, const std::string& cl, int W, const std::vector<sample>& kvs,
                   const std::vector<sample>& base, std::vector<result>& results,
                   std::map<std::string, figure>& figs) {
-  auto us = [&](const figure& f) { return f.present && f.ops_s > 0 ? 1e6 * W / f.ops_s : -1.0; };
+  auto us = [&](const figure& f) { return us_per_key(f, W); };
   bool any = false;
   for (auto n : cfg.growth_keys)
     for (const char* w : {"init", "push", "pull"})
