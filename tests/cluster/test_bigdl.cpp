@@ -5,7 +5,6 @@
 // partitions, and the errors of bad input.
 #include <kvstore/compat/bigdl.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

@@ -5,7 +5,6 @@
 // with an error naming both numbers; a job that cannot gather tells its workers why.
 #include <kvstore/transport/identity.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

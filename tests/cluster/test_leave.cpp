@@ -2,7 +2,6 @@
 // and barriers complete without it; a worker that dies is treated the same way (leave_group).
 #include <kvstore/dist.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

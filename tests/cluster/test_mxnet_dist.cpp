@@ -3,7 +3,6 @@
 // running as threads of this process (support/cluster.hpp); the workers are threads too.
 #include <kvstore/compat/mxnet.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

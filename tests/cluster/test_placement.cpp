@@ -5,7 +5,6 @@
 // the program's command handlers, every thread joined at the end).
 #include <kvstore/kvstore.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <kvstore/server/checkpoint.hpp>

@@ -3,7 +3,6 @@
 // connections are dropped while real workers go on.
 #include <kvstore/transport/auth.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

@@ -2,7 +2,6 @@
 // the openssl command), peers verified on both sides; the token handshake runs inside it.
 #include <kvstore/transport/tls.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

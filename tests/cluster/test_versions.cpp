@@ -4,7 +4,6 @@
 // pending after a delay) and proceeds once the slower worker pushes, leaves or dies.
 #include <kvstore/dist.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

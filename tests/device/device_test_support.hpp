@@ -5,7 +5,6 @@
 
 #include <kvstore/device.hpp>
 
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include "../support/helpers.hpp"  // expect_error, vectors printed in failed checks

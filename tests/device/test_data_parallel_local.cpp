@@ -4,7 +4,6 @@
 
 #include <kvstore/local.hpp>
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <span>

@@ -4,7 +4,6 @@
 // workers is refused by every node with an error naming the parameter and partition_num.
 #include <kvstore/compat/bigdl.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/process.hpp"

@@ -4,7 +4,6 @@
 // the other workers' ops on that shard fail naming its server instead of hanging.
 #include <kvstore/dist.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/process.hpp"

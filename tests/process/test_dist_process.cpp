@@ -1,6 +1,5 @@
 #include <kvstore/dist.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/process.hpp"

@@ -15,7 +15,6 @@
 // Every process started here is killed and reaped by a guard, every namespace deleted.
 #include <kvstore/kvstore.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

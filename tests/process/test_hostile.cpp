@@ -7,7 +7,6 @@
 // unauthenticated connections held open does not keep a real job out.
 #include <kvstore/dist.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

@@ -1,6 +1,5 @@
 // Process tests of kv_launch: it is run for real, with a stand-in shell script as the server
 // (written here to a temporary directory) and /bin/sh -c '...' as the worker program.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/process.hpp"

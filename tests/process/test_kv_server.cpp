@@ -1,7 +1,6 @@
 // kv_server's command line, run for real: --help, and values that are out of range or of the
 // wrong type are refused with exit code 2 and a message naming the option (a port above 65535
 // used to wrap silently).
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/process.hpp"

@@ -5,7 +5,6 @@
 // after its own push then does not wait for the other worker.
 #include <kvstore/compat/mxnet.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/helpers.hpp"

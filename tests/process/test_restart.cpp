@@ -4,7 +4,6 @@
 // pushes) counted once. A corrupt snapshot is refused.
 #include <kvstore/server/checkpoint.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

@@ -4,7 +4,6 @@
 // whose handler throws with the handler's message, and keep serving.
 #include <kvstore/kvstore.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/cluster.hpp"

@@ -3,7 +3,6 @@
 // out twice, stay within the pool's bound, and go back to the system when a thread ends.
 #include <kvstore/detail/block_pool.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -5,7 +5,6 @@
 // room; the plans together keep at most twice the keys held.
 #include <kvstore/client/call_plan.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstddef>

@@ -5,7 +5,6 @@
 // and its frames (client/compression.hpp); the argument checks of set_gradient_compression.
 #include <kvstore/wire/encoding.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/helpers.hpp"

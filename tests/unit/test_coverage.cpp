@@ -4,7 +4,6 @@
 // so the rare case (several ranges, kept apart from the slice) runs as much as the common one.
 #include <kvstore/server/coverage.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdint>

@@ -4,7 +4,6 @@
 // planned; whatever is sent, the plans keep at most max_plans lists and twice the held slices.
 #include <kvstore/server/frame_plans.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstddef>

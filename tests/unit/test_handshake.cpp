@@ -3,7 +3,6 @@
 // same binding on both ends), refused, or failed with a reason that names the problem.
 #include <kvstore/transport/handshake.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <optional>

@@ -3,7 +3,6 @@
 // purpose (probe runs that wrap, erases in the middle of a run).
 #include <kvstore/detail/key_map.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

@@ -2,7 +2,6 @@
 // program does not include <kvstore/device.hpp>, so "device" must be refused with a clear error.
 #include <kvstore/compat/mxnet.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/helpers.hpp"

@@ -2,7 +2,6 @@
 // DMLC_*, then a launcher's rank), the scheduler address from launchers (MASTER_ADDR/PORT, the
 // first host of a Slurm node list), and errors that name the malformed variable.
 // Only <kvstore/options.hpp>: this test compiles in seconds.
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <kvstore/options.hpp>

@@ -4,7 +4,6 @@
 // at most one per server, evenly, starting at the home server and rotating from there.
 #include <kvstore/client/partition.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdint>

@@ -3,7 +3,6 @@
 // numbers kept in the object and the ones on the heap; the first bitmap word and the others).
 #include <kvstore/server/ranks.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdint>

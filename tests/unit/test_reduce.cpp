@@ -2,7 +2,6 @@
 
 #include <kvstore/engine/engine.hpp>
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstddef>

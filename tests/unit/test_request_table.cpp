@@ -4,7 +4,6 @@
 #include <kvstore/client/pending.hpp>  // first: the header is self-contained
 #include <kvstore/detail/id_ring.hpp>
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <algorithm>

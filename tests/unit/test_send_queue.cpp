@@ -2,7 +2,6 @@
 // priority, in the order queued; checked against a stable sort doing the same random work.
 #include <kvstore/transport/send_queue.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstdint>

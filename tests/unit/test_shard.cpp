@@ -3,8 +3,6 @@
 // snapshots, membership and errors, with exact values.
 #include <kvstore/server/shard.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-
 #include <kvstore/server/snapshots.hpp>
 #include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/messages.hpp>

@@ -3,7 +3,6 @@
 // versions, exactly-once and membership with one-key requests.
 #include <kvstore/server/batch.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/shard_fixture.hpp"

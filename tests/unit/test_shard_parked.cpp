@@ -3,7 +3,6 @@
 // answered; they must take effect after that round, in the order they came, and bounded.
 #include <kvstore/server/shard.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/shard_fixture.hpp"

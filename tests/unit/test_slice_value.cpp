@@ -4,7 +4,6 @@
 // keep the bytes.
 #include <kvstore/server/slice_value.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <cstddef>

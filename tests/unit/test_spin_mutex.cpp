@@ -2,7 +2,6 @@
 // exclude as a std::mutex does, whether a waiter gets it while spinning or after it slept.
 #include <kvstore/detail/spin_mutex.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include <atomic>

@@ -2,7 +2,6 @@
 
 #include <kvstore/detail/atomic_file.hpp>
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/helpers.hpp"

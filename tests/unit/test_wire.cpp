@@ -4,7 +4,6 @@
 // counts larger than the bytes present; values out of range) with errc::protocol and a reason.
 #include <kvstore/wire/messages.hpp>  // first: the header is self-contained
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include <doctest/doctest.h>
 
 #include "support/helpers.hpp"
