@@ -100,16 +100,14 @@ if ((${#targets[@]})); then
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_init_order=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
   for san in thread address,undefined; do
-    dir=build-tsan name="tsan"
-    [[ $san == thread ]] || { dir=build-asan name="asan+ubsan"; }
+    dir=build-tsan name="tsan" opt=-O1
+    [[ $san == thread ]] || { dir=build-asan name="asan+ubsan" opt=-O0; }
     stage "$name"
     echo "== $name: ${targets[*]} ($dir/) =="
     # TSan at -O1, as its manual advises (-O2: twice the compile time, the same findings). ASan
     # and UBSan at -O0: half -O1's compile time (g++ of test_batch.cpp, the two side by side:
     # 149 s -> 81 s), nothing optimized away from their checks, and the tests still run in under
     # a minute (10 s -> 41 s).
-    opt=-O1
-    [[ $san == thread ]] || opt=-O0
     configure "$dir" -DKVSTORE_SANITIZE="$san" -DKVSTORE_BUILD_EXAMPLES=OFF -DKVSTORE_BUILD_BENCHMARKS=OFF \
       "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$opt -g1 -DNDEBUG"
     cmake --build "$dir" -j"$JOBS" --target "${targets[@]}"
