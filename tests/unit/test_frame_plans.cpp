@@ -1,7 +1,9 @@
 // server/frame_plans.hpp: the key lists of recent batched frames and their slices. A list is
 // remembered the first time and planned the second; a plan is found only for the same length,
-// element type and signature ids, and only while no slice was freed; small frames are never
-// planned; whatever is sent, the plans keep at most max_plans lists and twice the held slices.
+// element type and signature ids, and only while no slice was freed; each entry keeps the id and
+// element count its slice was found for, so a frame is compared with its plan without reading a
+// slice; small frames are never planned; whatever is sent, the plans keep at most max_plans lists
+// and twice the held slices.
 #include <kvstore/server/frame_plans.hpp>  // first: the header is self-contained
 
 #include <doctest/doctest.h>
@@ -16,7 +18,7 @@ using kvstore::wire::dtype;
 
 namespace {
 
-// What a plan compares of a slice (server/slice.hpp's slice_header has the same fields).
+// A slice (server/slice.hpp's key_slice), as a plan's test needs one: the plan reads none of it.
 struct slice {
   std::uint64_t key = 0, total = 0;
   dtype type = dtype::f32;
@@ -45,8 +47,8 @@ frame frame_of(std::uint64_t first, std::size_t n) {
 void found(plans_t& p, const frame& f, std::uint64_t frees = 0, std::size_t held = 1 << 20) {
   p.found(f.entries(), dtype::f32, f.slices, frees, held);
 }
-const std::vector<slice*>* find(plans_t& p, const frame& f, std::uint64_t frees = 0,
-                                dtype type = dtype::f32) {
+const std::vector<plans_t::entry>* find(plans_t& p, const frame& f, std::uint64_t frees = 0,
+                                        dtype type = dtype::f32) {
   return p.find(f.entries(), type, frees);
 }
 
@@ -63,18 +65,29 @@ TEST_CASE("a frame's list is planned when found a second time, and found by its 
   found(p, a);
   const auto* plan = find(p, a);
   REQUIRE(plan != nullptr);
-  CHECK(*plan == a.slices);
+  REQUIRE(plan->size() == a.slices.size());
+  for (std::size_t i = 0; i < plan->size(); ++i) {
+    CHECK((*plan)[i].slice == a.slices[i]);
+    CHECK((*plan)[i].key == 1 + i);
+    CHECK((*plan)[i].elements == 1);
+  }
   CHECK(p.pointers() == 100);
   CHECK(find(p, a, 0, dtype::f64) == nullptr);  // another element type
   CHECK(find(p, frame_of(1, 99)) == nullptr);   // another length
   CHECK(find(p, frame_of(2, 100)) == nullptr);  // other ids
-  // The same signature with another key inside: found, and the entry does not match its slice.
+  // The same signature with another key inside, or another element count: found, and those
+  // entries do not name their planned slices (the caller looks the frame up instead).
   frame b = a;
   kvstore::wire::put_batch_entry(b.meta.data() + 7 * kvstore::wire::batch_entry_size, {9999, 1, 0});
+  kvstore::wire::put_batch_entry(b.meta.data() + 9 * kvstore::wire::batch_entry_size, {10, 2, 0});
   REQUIRE(find(p, b) == plan);
-  CHECK_FALSE(plans_t::matches(*(*plan)[7], b.entries()[7], dtype::f32));
-  CHECK(plans_t::matches(*(*plan)[6], b.entries()[6], dtype::f32));
-  CHECK_FALSE(plans_t::matches(*(*plan)[6], b.entries()[6], dtype::f64));
+  CHECK_FALSE((*plan)[7].names(b.entries()[7]));
+  CHECK_FALSE((*plan)[9].names(b.entries()[9]));
+  CHECK((*plan)[6].names(b.entries()[6]));
+  CHECK((*plan)[8].names(b.entries()[8]));
+  // A plan is followed whatever an entry's aux (a push's number changes every step).
+  kvstore::wire::put_batch_entry(b.meta.data() + 6 * kvstore::wire::batch_entry_size, {7, 1, 42});
+  CHECK((*plan)[6].names(b.entries()[6]));
   // Small frames are looked up every time.
   const frame small = frame_of(500, plans_t::min_keys - 1);
   found(p, small);

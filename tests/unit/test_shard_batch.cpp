@@ -533,6 +533,93 @@ TEST_CASE("a planned frame never reaches freed slices: a restore replaces them" 
   }
 }
 
+namespace {
+
+/// Checks that the shard's count of worker r's pushes in open rounds is what its slices hold.
+void open_pushes_exact(fixture& f, int workers) {
+  for (int r = 0; r < workers; ++r) {
+    std::int64_t open = 0;
+    for (const auto& entry : f.sh.slices()) open += entry.second.round_done.count(r) ? 1 : 0;
+    CAPTURE(r);
+    CHECK(f.sh.open_pushes(r) == open);
+  }
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a worker's pushes in open rounds are counted exactly, so a planned frame that reads no "
+    "slice is one that no check could refuse" *
+    doctest::timeout(10)) {
+  fixture f(3);
+  f.set_optimizer("add", params_of(optim::add{}));
+  send(f, 0, wire::cmd::batch_init, plannable());
+  for (int r : {1, 2}) send(f, r, wire::cmd::batch_init, plannable(), false);
+  for (int r = 0; r < 3; ++r) f.got(r).clear();
+  open_pushes_exact(f, 3);
+  float sum = 0;
+  for (std::uint64_t seq = 1; seq <= 3; ++seq) {  // planned at the second, followed at the third
+    send(f, 0, wire::cmd::batch_push, plannable(1, seq));
+    CHECK(f.sh.open_pushes(0) == 64);
+    open_pushes_exact(f, 3);
+    send(f, 1, wire::cmd::batch_push, plannable(2, seq));
+    open_pushes_exact(f, 3);
+    if (seq == 1) {  // worker 2 one key at a time (the one-key path counts the same)
+      for (const auto& k : plannable(3, seq)) f.push(2, k.key, k.value, 0, k.value.size(), seq);
+    } else {
+      send(f, 2, wire::cmd::batch_push, plannable(3, seq));
+    }
+    sum += 6;
+    for (int r = 0; r < 3; ++r) CHECK(f.sh.open_pushes(r) == 0);  // every round completed
+    CHECK(pulled(f, plannable()) == all(sum));
+  }
+  // One key of worker 0 open: its planned frame naming that key again is refused whole.
+  f.push(0, 5, {100}, 0, 1, 4);
+  CHECK(f.sh.open_pushes(0) == 1);
+  CHECK(refused([&] { send(f, 0, wire::cmd::batch_push, plannable(1, 4)); }) == errc::protocol);
+  CHECK(f.sh.open_pushes(0) == 1);  // not one key of the refused frame went into its round
+  open_pushes_exact(f, 3);
+  CHECK(f.version(1, 1) == 3);  // nothing of the refused frame was applied
+  // A worker that leaves completes the rounds that waited only for it.
+  send(f, 1, wire::cmd::batch_push, {{5, {100}, 4}});
+  f.sh.worker_left(2);
+  for (int r = 0; r < 3; ++r) CHECK(f.sh.open_pushes(r) == 0);
+  CHECK(pulled(f, {{5, {0}}}) == std::vector<float>{sum + 200});
+  // A worker that dies fails the rounds that wait for it.
+  send(f, 0, wire::cmd::batch_push, plannable(1, 5));
+  CHECK(f.sh.open_pushes(0) == 64);
+  f.sh.worker_dead(1, "worker 1 died");
+  open_pushes_exact(f, 3);
+  CHECK(f.sh.open_pushes(0) == 0);
+  // A restore replaces the slices, open rounds and all.
+  fixture g(2);
+  send(g, 0, wire::cmd::batch_init, plannable());
+  send(g, 1, wire::cmd::batch_init, plannable(), false);
+  const auto snap = kvstore::detail::take_snapshot(g.sh, 0);
+  send(g, 0, wire::cmd::batch_push, plannable(1, 1));
+  CHECK(g.sh.open_pushes(0) == 64);
+  kvstore::detail::restore_snapshot(g.sh, snap, 1);
+  open_pushes_exact(g, 2);
+  CHECK(g.sh.open_pushes(0) == 0);
+}
+
+TEST_CASE("a planned batched pull under bounded staleness still checks every key" *
+          doctest::timeout(10)) {
+  kvstore::detail::shard_config c = fixture::config(2, false, 1 << 20);
+  c.staleness = 0;
+  fixture f(c);
+  send(f, 0, wire::cmd::batch_init, plannable());
+  send(f, 1, wire::cmd::batch_init, plannable(), false);
+  f.got(0).clear();
+  for (int i = 0; i < 3; ++i) CHECK(pulled(f, plannable()) == all(0));  // planned, followed
+  send(f, 0, wire::cmd::batch_push, {{33, {3}, 1}});  // worker 0 one push ahead on key 33
+  CHECK(refused([&] { pulled(f, plannable()); }) == errc::unsupported);
+  send(f, 1, wire::cmd::batch_push, {{33, {5}, 1}});
+  auto want = all(0);
+  want[33] = 5;  // key 33's element (key 10 has two before it)
+  CHECK(pulled(f, plannable()) == want);
+}
+
 TEST_CASE(
     "a batched push of many keys is served on the apply pool's threads: the same values, rounds, "
     "changes and answers as on the io thread alone" *
@@ -569,6 +656,8 @@ TEST_CASE(
         ids.push_back(send(f, r, wire::cmd::batch_push, many_keys(n, seq, grad)));
         // In dist_sync no worker is answered before the last one's push is in.
         if (sync && r + 1 < workers) CHECK(responses(f, 0, ids[0]).empty());
+        // Its pushes in open rounds, counted on the pool's threads too.
+        CHECK(f.sh.open_pushes(r) == (sync && r + 1 < workers ? std::int64_t(n) : 0));
       }
       for (int r = 0; r < workers; ++r) {
         auto got = responses(f, r, ids[static_cast<std::size_t>(r)]);

@@ -130,6 +130,7 @@ struct pass_effects {
   std::uint64_t waits = 0;
   std::vector<std::pair<std::uint32_t, std::uint64_t>> batches;  // (request, keys done)
   std::vector<reply_to<Port>> answers;
+  std::vector<std::int64_t> open_pushes;  // per worker: pushes put in open rounds, less closed
 
   /// Round waiter `w` is answered ok.
   void release(reply_to<Port>&& w) {
@@ -145,6 +146,7 @@ template <class Port>
 struct batch_ops {
   using shard_t = shard<Port>;
   using slice = key_slice<Port>;
+  using planned = planned_slice<slice>;
 
   /// batch_init: the named keys' slices (whole keys, on this server), created if new, their
   /// value stored from the payload (rank 0: flag_has_data). Answered once every key has a value.
@@ -300,17 +302,20 @@ struct batch_ops {
         }
       };
       const T* values = reinterpret_cast<const T*>(payload.data());
-      if (const std::vector<slice*>* plan = plan_for_runs<T>(sh, h, entries, each)) {
+      // No key can be refused as pushed twice in its round while no round holds a push of this
+      // worker: then a planned frame's first pass reads no slice (find_slices).
+      const bool may_refuse = sh.cfg_.sync && sh.open_pushes(rank) != 0;
+      if (const std::vector<planned>* plan = plan_for_runs<T>(sh, h, entries, each)) {
         sh.refuse_if_left(rank, entries[0].key);
         guard g(sh);
         id = sh.waits_.open(from, h.req_id);
-        if (push_in_runs<T>(sh, *plan, h, entries, id, values, check, push_keys))
+        if (push_in_runs<T>(sh, *plan, entries, id, values, check, may_refuse, push_keys))
           return sh.waits_.done(id, errc::ok, {}, sh);
         sh.waits_.drop(id);  // a key failed its run's check: checked again below, in order
       }
       try {
         sh.refuse_if_left(rank, entries[0].key);
-        find_slices(sh, h, entries, check);
+        find_slices(sh, h, entries, check, may_refuse);
       } catch (const error& e) {
         // A refused frame answered each: every key's push gets the refusal (a protocol error
         // closes the connection instead).
@@ -348,7 +353,7 @@ struct batch_ops {
                                                ": a batched pull cannot wait for slower workers "
                                                "(staleness); pull it alone");
         },
-        slice_pull_bytes);
+        sh.gate().may_lag(), slice_pull_bytes);
     const auto& found = sh.batch_slices_;
     auto buf = std::make_shared<bytes>(h.total * elem);
     std::byte* at = buf->data();
@@ -366,28 +371,20 @@ struct batch_ops {
  private:
   // A push's or pull's first pass: each entry's slice (inited, the whole key, named once in the
   // frame) into sh.batch_slices_, and check(slice, entry) for each; throws at the first bad one.
-  // A frame planned before (server/frame_plans.hpp) takes its slices from the plan, compared
-  // with the entries in order; one that differs is looked up from its first key again.
-  // `hot`: the bytes of each slice that check and the second pass read (prefetch_lines).
+  // A frame planned before (server/frame_plans.hpp) takes its slices from the plan, its entries
+  // compared with the plan's in order (follow_plan); one that differs is looked up from its first
+  // key again. `may_refuse`: whether check may refuse a slice now (when not, a planned frame's
+  // slices are not read here). `hot`: the bytes of each slice that check and the second pass
+  // read (prefetch_lines).
   template <class Check>
   static void find_slices(shard_t& sh, const wire::header& h, const wire::batch_entries& entries,
-                          Check&& check, std::size_t hot = slice_hot_bytes) {
+                          Check&& check, bool may_refuse, std::size_t hot = slice_hot_bytes) {
     auto& found = sh.batch_slices_;
     const std::size_t n = entries.size();
     found.resize(n);
     const std::uint64_t frees = sh.slices_.frees();
-    if (const std::vector<slice*>* plan = sh.plans_.find(entries, h.type, frees)) {
-      std::size_t i = 0;
-      for (; i < n; ++i) {
-        if (i + 8 < n) prefetch_lines((*plan)[i + 8], hot);
-        slice& s = *(*plan)[i];
-        const wire::batch_entry e = entries[i];
-        if (!frame_plans<slice>::matches(s, e, h.type)) break;
-        check(s, e);
-        found[i] = &s;
-      }
-      if (i == n) return;
-    }
+    if (const std::vector<planned>* plan = sh.plans_.find(entries, h.type, frees))
+      if (follow_plan(*plan, entries, 0, n, check, may_refuse, hot, found)) return;
     const std::uint64_t stamp = ++sh.batch_stamp_;
     for (std::size_t i = 0; i < n; ++i) {
       prefetch_lookup(sh, entries, i);
@@ -398,6 +395,28 @@ struct batch_ops {
       found[i] = &s;
     }
     sh.plans_.found(entries, h.type, found, frees, sh.slices_.size());
+  }
+
+  // Keys [lo, hi) of a frame that follows `plan`: found[i] is entry i's planned slice, after
+  // check(slice, entry) when `may_refuse`. When no check can refuse a key, no slice is read
+  // here, only the plan's copies of the keys, in order: over many keys a slice read here is a
+  // cache miss, and the second pass misses on it again (a frame's slices leave the cache between
+  // the passes). Reading none cut the server's CPU on a 1e6-key push of one worker by a fifth.
+  // False at the first entry that differs from its plan.
+  template <class Check>
+  static bool follow_plan(const std::vector<planned>& plan, const wire::batch_entries& entries,
+                          std::size_t lo, std::size_t hi, Check& check, bool may_refuse,
+                          std::size_t hot, std::vector<slice*>& found) {
+    for (std::size_t i = lo; i < hi; ++i) {
+      const wire::batch_entry e = entries[i];
+      if (!plan[i].names(e)) return false;
+      if (may_refuse) {
+        if (i + 8 < hi) prefetch_lines(plan[i + 8].slice, hot);
+        check(*plan[i].slice, e);
+      }
+      found[i] = plan[i].slice;
+    }
+    return true;
   }
 
   // A batched push of at least twice this many keys is served on the apply pool's threads, a
@@ -419,8 +438,8 @@ struct batch_ops {
   // worker to fail) or runs on one thread only (an optimizer that is not element-wise: an
   // element-wise one already updates a large value on several threads at once).
   template <class T>
-  static const std::vector<slice*>* plan_for_runs(shard_t& sh, const wire::header& h,
-                                                  const wire::batch_entries& entries, bool each) {
+  static const std::vector<planned>* plan_for_runs(shard_t& sh, const wire::header& h,
+                                                   const wire::batch_entries& entries, bool each) {
     if (each || entries.size() < 2 * parallel_batch_keys || !batches_on_pool(sh.cfg_.apply_threads))
       return nullptr;
     if (!sh.held_.empty() || !sh.parked_.empty() || !sh.dead_.empty()) return nullptr;
@@ -431,19 +450,19 @@ struct batch_ops {
 
   // Serves a planned frame's keys in runs of consecutive keys, each run on a thread of its own
   // (apply_pool::run_parts: the same thread for the same run every round, so its slices stay in
-  // its cache), in two steps: every run checks its keys against the plan and check(slice,
-  // entry), all wait for all, and only if every key passed does each run push its keys with
-  // push_keys(lo, hi, value, fx); no two threads touch one slice. Then, on the io thread, what the
-  // runs left, in key order: the countdown grows by the keys that wait, the changes are
-  // counted, and the rounds that completed are answered (no held pull or kept-back request
-  // waits on them: plan_for_runs). False, nothing changed, when a key failed its check (the
-  // caller checks the frame again, key by key, and refuses it naming the first bad key). A key
-  // that throws while pushed ends its run; the others' effects still count, and the first
+  // its cache), in two steps: every run checks its keys against the plan and, when
+  // `may_refuse`, check(slice, entry) (follow_plan); all wait for all, and only if every key passed
+  // does each run push its keys with push_keys(lo, hi, value, fx); no two threads touch one slice.
+  // Then, on the io thread, what the runs left, in key order: the countdown grows by the keys that
+  // wait, the changes are counted, and the rounds that completed are answered (no held pull or
+  // kept-back request waits on them: plan_for_runs). False, nothing changed, when a key failed its
+  // check (the caller checks the frame again, key by key, and refuses it naming the first bad key).
+  // A key that throws while pushed ends its run; the others' effects still count, and the first
   // exception is rethrown after.
   template <class T, class Check, class PushKeys>
-  static bool push_in_runs(shard_t& sh, const std::vector<slice*>& plan, const wire::header& h,
+  static bool push_in_runs(shard_t& sh, const std::vector<planned>& plan,
                            const wire::batch_entries& entries, std::uint32_t id, const T* values,
-                           Check& check, PushKeys& push_keys) {
+                           Check& check, bool may_refuse, PushKeys& push_keys) {
     auto& found = sh.batch_slices_;
     const std::size_t n = entries.size();
     found.resize(n);
@@ -466,16 +485,8 @@ struct batch_ops {
       pool.run_parts(parts, [&](unsigned p) {
         const std::size_t lo = first_of(p), hi = first_of(p + 1);
         try {
-          for (std::size_t i = lo; i < hi && !bad.load(std::memory_order_relaxed); ++i) {
-            if (i + 8 < hi) prefetch_lines(plan[i + 8], slice_hot_bytes);
-            slice& s = *plan[i];
-            if (!frame_plans<slice>::matches(s, entries[i], h.type)) {
-              bad = true;
-              break;
-            }
-            check(s, entries[i]);
-            found[i] = &s;
-          }
+          if (!follow_plan(plan, entries, lo, hi, check, may_refuse, slice_hot_bytes, found))
+            bad = true;
         } catch (...) {
           bad = true;
         }
@@ -504,6 +515,9 @@ struct batch_ops {
     for (auto& r : runs) {
       changes += r.second.changes;
       if (r.second.waits) sh.waits_.add(id, r.second.waits);
+      for (std::size_t w = 0; w < r.second.open_pushes.size(); ++w)
+        if (r.second.open_pushes[w])
+          sh.count_open_pushes(static_cast<int>(w), r.second.open_pushes[w]);
     }
     sh.changed_by(changes);
     for (auto& r : runs) {

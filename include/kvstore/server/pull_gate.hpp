@@ -29,12 +29,16 @@ class pull_gate {
     return s.applied.get(rank);
   }
 
+  /// Whether a pull may have to wait for a slower worker: only under a staleness bound (else a
+  /// pull that asks for no version is answered at once).
+  bool may_lag() const noexcept { return !cfg_.sync && cfg_.staleness; }
+
   /// A worker of the group (not left, not dead) that worker `rank` is more than staleness
   /// pushes of this slice ahead of, if any. Only dist_async has a bound: in dist_sync a push is
   /// answered once every worker's push of its round is in, so no worker is ever ahead.
   template <class Slice>
   std::optional<int> laggard(int rank, const Slice& s) const {
-    if (cfg_.sync || !cfg_.staleness) return std::nullopt;  // inline: every pull of a key asks
+    if (!may_lag()) return std::nullopt;  // inline: every pull of a key asks
     const std::uint64_t own = pushes_of(s, rank);
     if (own <= *cfg_.staleness) return std::nullopt;
     for (int r = 0; r < cfg_.num_workers; ++r)

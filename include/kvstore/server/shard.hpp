@@ -497,6 +497,13 @@ class shard {
   std::optional<std::chrono::steady_clock::time_point> next_held_deadline() const {
     return held_.next_deadline();
   }
+  /// How many slices' open sync rounds hold a push of worker `rank`. While none does, no push of
+  /// it can be its second in a round, so a planned batched push needs no slice read before it
+  /// changes anything (batch_ops::push).
+  std::int64_t open_pushes(int rank) const noexcept {
+    const auto r = static_cast<std::size_t>(rank);
+    return r < open_pushes_.size() ? open_pushes_[r] : 0;
+  }
   /// How many pulls are held (of worker `rank`, or of all).
   std::size_t held(int rank) const { return held_.count(rank); }
   std::size_t held() const { return held_.size(); }
@@ -517,6 +524,9 @@ class shard {
       d = optim::create_updater<double>(opt_name, opt_params);
     }
     slices_ = std::move(slices);
+    open_pushes_.clear();
+    for (const auto& entry : slices_)
+      entry.second.round_done.for_each([&](int r) { add_at(open_pushes_, r, 1); });
     held_.take_all();
     parked_.clear();
     waits_.clear();
@@ -715,7 +725,7 @@ class shard {
   void end_round_push(slice& s, int rank, reply_to<Port> to, std::uint64_t seq,
                       pass_effects<Port>* fx = nullptr) {
     s.round_seq.set(rank, seq);
-    s.round_done.insert(rank);
+    if (s.round_done.insert(rank)) count_open_pushes(rank, 1, fx);
     s.round_waiters.push_back(std::move(to));
     if (!dead_.empty()) check_dead(s);
     if (!s.round_waiters.empty()) maybe_complete(s, fx);
@@ -786,6 +796,22 @@ class shard {
 
   bool round_complete(const slice& s) const { return s.round_done.covers(cfg_.num_workers, left_); }
 
+  // `d` more of worker `rank`'s pushes are in open rounds: on a pool thread (`fx`) counted in fx,
+  // added on the io thread when its run is done (batch_ops::push_in_runs).
+  void count_open_pushes(int rank, std::int64_t d, pass_effects<Port>* fx = nullptr) {
+    add_at(fx ? fx->open_pushes : open_pushes_, rank, d);
+  }
+  static void add_at(std::vector<std::int64_t>& counts, int rank, std::int64_t d) {
+    const auto r = static_cast<std::size_t>(rank);
+    if (counts.size() <= r) counts.resize(r + 1, 0);
+    counts[r] += d;
+  }
+  // The round of `s` is over (applied or failed): its workers' pushes are no longer open.
+  void close_round(slice& s, pass_effects<Port>* fx = nullptr) {
+    s.round_done.for_each([&](int r) { count_open_pushes(r, -1, fx); });
+    s.round_done.clear();
+  }
+
   // Applies the round of `s` if every worker's push is in. On a pool thread (`fx`), the change
   // and the answers are left to the io thread (batch_ops::push_in_runs).
   void maybe_complete(slice& s, pass_effects<Port>* fx = nullptr) {
@@ -805,7 +831,7 @@ class shard {
       }
     });
     s.cov.clear();
-    s.round_done.clear();
+    close_round(s, fx);
     s.round_seq.for_each(
         [&](int r, std::uint64_t q) { s.applied.set(r, std::max(s.applied.get(r), q)); });
     s.round_seq.clear();
@@ -886,7 +912,7 @@ class shard {
     release_all(s.round_waiters, errc::node_dead,
                 "sync round " + std::to_string(s.round) + " of key " + key_str(s.key) +
                     " cannot complete: " + why);
-    s.round_done.clear();
+    close_round(s);
     s.round_seq.clear();
     s.cov.clear();
     serve_parked(s);
@@ -958,6 +984,7 @@ class shard {
   optim::updater<double> upd_d_;
   std::string opt_name_, opt_params_;
   rank_set left_, dead_;
+  std::vector<std::int64_t> open_pushes_;  // per worker: see open_pushes()
   bytes scratch_;          // a compressed async push's frame, decoded (at most a slice's bytes)
   held_pulls<Port> held_;  // pulls waiting for a version or slower workers
   parked_requests<Port> parked_;      // pipelined requests behind an open sync round
