@@ -35,7 +35,6 @@ struct planned_slice {
   bool names(const wire::batch_entry& e) const noexcept {
     return key == e.key && elements == e.elements;
   }
-  friend bool operator==(const planned_slice&, const planned_slice&) = default;
 };
 
 template <class Slice>
