@@ -249,6 +249,31 @@ struct key_log_run {
   }
 };
 
+// Slots of n keys, every one of them in `all`, and the names of the ops that ran, in order.
+struct named_ops {
+  explicit named_ops(std::size_t n) : slots(n) {
+    for (auto& s : slots) all.push_back(&s);
+  }
+  // A task that logs `name`, then completes, or keeps its completion in *keep and says so
+  // through `kept`.
+  auto logged(std::string name, engine::done_fn* keep = nullptr,
+              std::promise<void>* kept = nullptr) {
+    return [this, name, keep, kept](engine::done_fn done) {
+      {
+        std::lock_guard lk(m);
+        order.push_back(name);
+      }
+      if (!keep) return done(nullptr);
+      *keep = std::move(done);
+      kept->set_value();
+    };
+  }
+  std::vector<key_slot> slots;
+  std::vector<key_slot*> all;
+  std::vector<std::string> order;
+  std::mutex m;
+};
+
 }  // namespace
 
 TEST_CASE("ops over many keys and one-key ops: per-key issue order, never two on a key at once" *
@@ -367,27 +392,12 @@ TEST_CASE("an op over hundreds of keys: keys go free when touched, or at once wh
           doctest::timeout(30)) {
   engine e(2);
   constexpr std::size_t n = 300;  // over the engine's lazy_release_keys
-  std::vector<key_slot> slots(n);
-  std::vector<key_slot*> all;
-  for (auto& s : slots) all.push_back(&s);
-  std::vector<std::string> order;
-  std::mutex m;
-  // Logs its name, then completes, or keeps its completion and says so through `kept`.
-  auto logged = [&](std::string name, engine::done_fn* keep = nullptr,
-                    std::promise<void>* kept = nullptr) {
-    return [&, name, keep, kept](engine::done_fn done) {
-      {
-        std::lock_guard lk(m);
-        order.push_back(name);
-      }
-      if (!keep) return done(nullptr);
-      *keep = std::move(done);
-      kept->set_value();
-    };
-  };
+  named_ops r(n);
+  auto& slots = r.slots;
+  auto& order = r.order;
   auto st = std::make_shared<op_state>(5);
   // A completes at once: nothing waits, so its keys stay marked until touched.
-  e.submit(std::span<key_slot* const>(all), 0, logged("A"), st);
+  e.submit(std::span<key_slot* const>(r.all), 0, r.logged("A"), st);
   e.wait_all();
   CHECK(slots[7].issued == 1);
   CHECK(slots[7].completed == 0);  // not let go yet...
@@ -397,19 +407,19 @@ TEST_CASE("an op over hundreds of keys: keys go free when touched, or at once wh
   // B holds every key until told; C (one key) and D (all keys) queue behind it.
   engine::done_fn finish_b;
   std::promise<void> b_runs;
-  e.submit(std::span<key_slot* const>(all), 0, logged("B", &finish_b, &b_runs), st);
+  e.submit(std::span<key_slot* const>(r.all), 0, r.logged("B", &finish_b, &b_runs), st);
   b_runs.get_future().wait();
-  e.submit(slots[3], 0, logged("C"), st);
-  e.submit(std::span<key_slot* const>(all), 0, logged("D"), st);
+  e.submit(slots[3], 0, r.logged("C"), st);
+  e.submit(std::span<key_slot* const>(r.all), 0, r.logged("D"), st);
   {
-    std::lock_guard lk(m);
+    std::lock_guard lk(r.m);
     CHECK(order == std::vector<std::string>{"A", "B"});
   }
   CHECK(slots[3].busy());
   finish_b(nullptr);  // an op waits behind B: its finish walks the keys and lets C, then D, in
   e.wait_all();
   CHECK(order == std::vector<std::string>{"A", "B", "C", "D"});
-  e.submit(slots[299], 0, logged("E"), st);  // D is done: its key goes free on this touch
+  e.submit(slots[299], 0, r.logged("E"), st);  // D is done: its key goes free on this touch
   kvstore::op(st).wait();
   e.wait_all();
   CHECK(order.back() == "E");
@@ -420,6 +430,116 @@ TEST_CASE("an op over hundreds of keys: keys go free when touched, or at once wh
   }
   CHECK(slots[3].issued == 4);
   CHECK(slots[299].issued == 4);
+}
+
+// The next op over exactly the keys of a done hold renews it (engine::renew): it touches no
+// key's slot, and still orders with one-key ops and waits as a queued op would.
+TEST_CASE("an op over the same hundreds of keys renews the done hold: order and waits kept" *
+          doctest::timeout(30)) {
+  named_ops r(300);  // over the engine's lazy_release_keys
+  const std::size_t n = r.slots.size();
+  auto st = std::make_shared<op_state>(6);
+  engine e(2);
+  e.submit(std::span<key_slot* const>(r.all), 0, r.logged("A"), st);
+  e.wait_all();
+  // B names the same keys in the same order: it renews A's hold, no slot touched.
+  engine::done_fn finish_b;
+  std::promise<void> b_runs;
+  e.submit(std::span<key_slot* const>(r.all), 0, r.logged("B", &finish_b, &b_runs), st);
+  b_runs.get_future().wait();
+  for (std::size_t k = 0; k < n; ++k) CHECK(r.slots[k].issued == 1);
+  CHECK(r.slots[5].busy());
+  // A wait on a key, and a one-key op on it, both wait for B.
+  std::atomic<bool> waited{false};
+  std::thread waiter([&] {
+    e.wait_slot(r.slots[9]);
+    waited = true;
+  });
+  e.submit(r.slots[5], 0, r.logged("C"), st);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(waited.load());
+  {
+    std::lock_guard lk(r.m);
+    CHECK(r.order == std::vector<std::string>{"A", "B"});
+  }
+  finish_b(nullptr);
+  waiter.join();
+  e.wait_all();
+  CHECK(r.order == std::vector<std::string>{"A", "B", "C"});
+  // C touched a key of B's hold: D over all keys queues on each of them again.
+  e.submit(std::span<key_slot* const>(r.all), 0, r.logged("D"), st);
+  e.wait_all();
+  CHECK(r.slots[0].issued == 2);
+  CHECK(r.slots[5].issued == 3);
+  // The same keys in another order name another list: E queues on each key too.
+  std::vector<key_slot*> reversed(r.all.rbegin(), r.all.rend());
+  e.submit(std::span<key_slot* const>(reversed), 0, r.logged("E"), st);
+  e.wait_all();
+  CHECK(r.slots[0].issued == 3);
+  // And F, over E's list, renews E's hold.
+  e.submit(std::span<key_slot* const>(reversed), 0, r.logged("F"), st);
+  kvstore::op(st).wait();
+  e.wait_all();
+  CHECK(r.slots[0].issued == 3);
+  CHECK(r.order.back() == "F");
+  for (std::size_t k = 0; k < n; ++k) {
+    e.wait_slot(r.slots[k]);
+    CHECK(r.slots[k].completed == r.slots[k].issued);
+    CHECK_FALSE(r.slots[k].busy());
+  }
+}
+
+TEST_CASE("ops over the same hundreds of keys, renewing, and one-key ops at random: order kept" *
+          doctest::timeout(60)) {
+  constexpr int keys = 400, ops = 800;
+  std::mt19937 rng(11);
+  std::vector<int> list;             // the many-key list, redrawn now and then
+  std::vector<int> issued(keys, 0);  // per key: ops issued on it
+  std::vector<key_slot> slots(keys);
+  key_log_run run(keys);
+  auto st = std::make_shared<op_state>(ops);
+  engine e(4);
+  for (int i = 0; i < ops; ++i) {
+    std::vector<int> ks;
+    if (i % 3 != 2) {  // mostly the same list of about 300 keys, as a training loop calls it
+      if (list.empty() || rng() % 8 == 0) {
+        list.clear();
+        for (int k = 0; k < keys; ++k)
+          if (rng() % 4 != 0) list.push_back(k);
+      }
+      ks = list;
+    } else {
+      ks.push_back(static_cast<int>(rng() % keys));
+    }
+    for (int k : ks) ++issued[static_cast<std::size_t>(k)];
+    std::vector<key_slot*> ps;
+    for (int k : ks) ps.push_back(&slots[static_cast<std::size_t>(k)]);
+    e.submit(std::span<key_slot* const>(ps), 0,
+             run.task(i, ks, i % 5 == 0, std::chrono::microseconds(200)), st, i % 2 == 0);
+    if (i % 50 == 49) {
+      const auto k = static_cast<std::size_t>(rng() % keys);
+      e.wait_slot(slots[k]);
+      CHECK_FALSE(slots[k].busy());
+      std::lock_guard lk(run.m);
+      CHECK(run.log[k].size() == static_cast<std::size_t>(issued[k]));
+    }
+    if (i % 7 == 0) e.wait_all();  // done holds, for the next call of the list to renew
+  }
+  kvstore::op(st).wait();
+  run.join();
+  e.wait_all();
+  CHECK_FALSE(run.overlap.load());
+  int renewed = 0;  // keys some op renewed a hold of: fewer ops queued on them than issued
+  for (int k = 0; k < keys; ++k) {
+    const auto& l = run.log[static_cast<std::size_t>(k)];
+    CHECK(std::is_sorted(l.begin(), l.end()));
+    CHECK(l.size() == static_cast<std::size_t>(issued[static_cast<std::size_t>(k)]));
+    e.wait_slot(slots[static_cast<std::size_t>(k)]);
+    CHECK_FALSE(slots[static_cast<std::size_t>(k)].busy());
+    if (slots[static_cast<std::size_t>(k)].issued != static_cast<std::uint32_t>(issued[k]))
+      ++renewed;
+  }
+  CHECK(renewed > 0);
 }
 
 TEST_CASE("ops over hundreds of keys and one-key ops at random: per-key order, waits exact" *

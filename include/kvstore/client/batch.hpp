@@ -109,7 +109,7 @@ class batches {
     const auto& o = client_.options();
     for (const frame& fr : plan->frames) {
       transport::out_frame f;
-      f.meta = entries(b, *plan, fr, [](const auto& e) { return e.rec->row_length; });
+      f.meta = entries<true>(b, *plan, fr, [](const auto& e) { return e.rec->row_length; });
       f.h = wire::batch_header(wire::cmd::batch_init, dtype, fr.keys(), fr.elements, 0, with_data);
       if (with_data) pack(f, b, *plan, fr);
       // This frame's keys are marked failed when it is refused.
@@ -134,7 +134,7 @@ class batches {
     auto all = make_pooled<op_state>(plan.frames.size(), std::move(done));
     for (const frame& fr : plan.frames) {
       transport::out_frame f;
-      f.meta = entries(b, plan, fr, [](const auto& e) {
+      f.meta = entries<true>(b, plan, fr, [](const auto& e) {
         // Only this key's ops touch its count, one at a time: no atomic increment needed.
         const std::uint64_t seq = e.rec->pushes.load(std::memory_order_relaxed) + 1;
         e.rec->pushes.store(seq, std::memory_order_relaxed);
@@ -161,7 +161,7 @@ class batches {
                                      });
     for (const frame& fr : plan->frames) {
       transport::out_frame f;
-      f.meta = entries(*b, *plan, fr, [](const auto&) { return std::uint64_t{0}; });
+      f.meta = entries<false>(*b, *plan, fr, [](const auto&) { return std::uint64_t{0}; });
       f.h = wire::batch_header(wire::cmd::batch_pull, dtype, fr.keys(), fr.elements, priority);
       worker_client::request r = request_of(all, call_kind::pull, *b, *plan, fr);
       auto to = std::make_shared<scatter>(scatter{b, plan, fr.lo, fr.elements});
@@ -224,14 +224,16 @@ class batches {
   // How many keys ahead a walk over a frame's keys prefetches their records.
   static constexpr std::size_t prefetch_ahead = 8;
 
-  // The frame's entries (wire::put_batch_entry), aux(entry) each.
-  template <class Batch, class Aux>
+  // The frame's entries (wire::put_batch_entry), aux(entry) each. `ReadsRecord`: aux reads the
+  // key's record (a push's count, an init's rows), so the walk loads records a few keys ahead;
+  // a pull's walk reads no record at all (a planned call's engine op may not have either:
+  // engine::renew).
+  template <bool ReadsRecord, class Batch, class Aux>
   static std::string entries(const Batch& b, const frame_plan& p, const frame& fr, Aux&& aux) {
     std::string meta(fr.keys() * wire::batch_entry_size, '\0');
     char* at = meta.data();
     for (std::size_t k = fr.lo; k < fr.hi; ++k, at += wire::batch_entry_size) {
-      // aux may read the record (a push's count): start loading a few keys ahead.
-      if (k + prefetch_ahead < fr.hi)
+      if (ReadsRecord && k + prefetch_ahead < fr.hi)
         __builtin_prefetch(b.entries[p.order[k + prefetch_ahead]].rec);
       const auto& e = b.entries[p.order[k]];
       const std::uint64_t x = aux(e);

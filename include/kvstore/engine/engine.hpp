@@ -7,7 +7,8 @@
 // returns, not when it completes: back-to-back ops on one key stream instead of waiting a round
 // trip each. Ops that are not pipelined wait until no op of their key streams.
 // An op over many keys that no later op waits behind lets its keys go lazily: its finish marks
-// it done, and each key goes free when next touched (engine/key_slot.hpp's key_hold).
+// it done, and each key goes free when next touched (engine/key_slot.hpp's key_hold); the next
+// op over exactly those keys, none touched since, renews that hold and touches none of them.
 #pragma once
 
 #include <kvstore/detail/block_pool.hpp>
@@ -170,7 +171,11 @@ class engine {
     }
     key_link* links = op->links();
     std::unique_lock lk(m_);
-    if (slots.size() >= lazy_release_keys) op->hold = new_hold();
+    if (slots.size() >= lazy_release_keys) {
+      if (renew(op, slots)) return start(op, lk, may_run_inline);
+      op->hold = new_hold();
+      op->hold->slots.assign(slots.begin(), slots.end());
+    }
     for (std::size_t i = 0; i < slots.size(); ++i) {
       // A batch's slots lie in records all over memory: start loading a few ahead.
       if (i + prefetch_ahead < slots.size()) __builtin_prefetch(slots[i + prefetch_ahead], 1);
@@ -353,6 +358,28 @@ class engine {
     slot.held = false;
     ++slot.completed;
     if (--h->keys == 0) unlink_hold(h);
+  }
+
+  // An op over exactly the keys of a done hold that every one of them still names (none was
+  // touched since: an op queued on a key, or a wait on it, settles it and lowers the count) and
+  // no op waited behind takes them all through that hold, made not done again, without reading
+  // or writing any key's slot (m_ held). Queuing it would have given it every key at once too.
+  // Each key's one unsettled op then stands for this one: busy() and wait_slot see an op in
+  // flight until this one is done. Not while a wait_slot waits: it read its target before, and
+  // would wait for this op too (a stream of renewals could keep it waiting).
+  bool renew(engine_op* op, std::span<key_slot* const> slots) {
+    key_hold* h = slots.front()->lazy;
+    if (!h || !h->done || h->waited || key_waiters_ != 0 || h->keys != slots.size() ||
+        !std::equal(slots.begin(), slots.end(), h->slots.begin(), h->slots.end()))
+      return false;
+    h->done = false;
+    op->hold = h;
+    key_link* links = op->links();  // for finish's walk, should an op queue behind this one
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      links[i].op = op;
+      links[i].slot = slots[i];
+    }
+    return true;
   }
 
   key_hold* new_hold() {

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace kvstore::detail {
 
@@ -23,13 +24,16 @@ struct key_link {
 /// queued behind it on some key: then its finish walks its keys, as a one-key op's does. A batch
 /// of a multi-key call names thousands of keys; walking them on the thread that read the answer
 /// cost ~25 ns a key, each key's record taken from the caller's core and handed back to it by
-/// the next call (issue 12).
+/// the next call (issue 12). The next op over exactly the same keys, while none was touched,
+/// renews the hold instead of queuing on each key (engine::renew): a training step's call of
+/// the same key list touches no key's slot at all.
 struct key_hold {
   bool done = false;         // the op completed: the keys that still name this hold are free
   bool waited = false;       // an op queued behind it on some key: its finish walks its keys
   std::size_t keys = 0;      // keys that name this hold (it is freed at 0 once done)
   key_hold* prev = nullptr;  // the engine's list of live holds (freed with the engine)
   key_hold* next = nullptr;
+  std::vector<key_slot*> slots;  // the op's keys, in its order: what a renewing op must name
 };
 
 /// Ops waiting for a key, in issue order, behind the op that holds it. An op holds the key until
@@ -41,7 +45,9 @@ struct key_slot {
   key_link* head = nullptr;  // the first op waiting (the holder is not in the queue)
   key_link* tail = nullptr;
   key_hold* lazy = nullptr;          // held through a many-key op's hold: free once that is done
-  std::uint32_t issued = 0;          // ops queued on the key so far (modulo 2^32)
+  std::uint32_t issued = 0;          // ops queued on the key so far (modulo 2^32), an op
+                                     // that renewed the key's hold not counted: the hold's one
+                                     // op stands for both (engine::renew)
   std::uint32_t completed = 0;       // and done
   std::int32_t stream_priority = 0;  // theirs: all equal (a connection reorders priorities)
   std::uint16_t streaming = 0;       // pipelined ops past the key, not done yet
