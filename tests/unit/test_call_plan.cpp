@@ -44,7 +44,7 @@ void plan(call_plans& plans, const call& c, std::size_t held, call_plans::versio
   REQUIRE(p != nullptr);
   for (std::size_t i = 0; i < c.keys.size(); ++i)
     p->add({reinterpret_cast<key_record*>(0x1000 + 64 * c.keys[i].id()), c.keys[i].id(),
-            c.bufs[i].size(), static_cast<int>(i % 2), i % 5 != 0});
+            c.bufs[i].size(), static_cast<int>(i % 2), i % 5 != 0, nullptr});
   plans.finish(*p, false);
 }
 
@@ -175,7 +175,7 @@ TEST_CASE("a plan's entries, shared, outlive the plan; what the call was keeps w
   p = plans.start(c.keys, 1000, {});
   REQUIRE(p != nullptr);
   for (std::size_t i = 0; i < c.keys.size(); ++i)
-    p->add({nullptr, c.keys[i].id(), c.bufs[i].size(), 0, true});
+    p->add({nullptr, c.keys[i].id(), c.bufs[i].size(), 0, true, nullptr});
   plans.finish(*p, /*repeats=*/false);
   const auto* followed = follow(plans, c);
   REQUIRE(followed != nullptr);

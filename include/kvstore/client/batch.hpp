@@ -18,6 +18,7 @@
 #include <kvstore/wire/messages.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -53,6 +54,7 @@ struct batch {
     Buf buf;
     std::uint64_t id, total;
     int server;
+    std::atomic<std::uint64_t>* pushes;  // rec->pushes: numbered without reading the record
   };
   struct repeat {
     std::uint32_t at;  // the key's index in entries
@@ -68,11 +70,11 @@ struct batch {
     if (m->batch_call == call_) return repeats.push_back({m->batch_at, b});
     m->batch_call = call_;
     m->batch_at = static_cast<std::uint32_t>(entries.size());
-    entries.push_back({m, b, id, m->total, m->home});
+    entries.push_back({m, b, id, m->total, m->home, m->pushes});
   }
   /// Adds key m (of id `id`), known not to be in the batch yet (no mark read or written).
   void add_distinct(key_record* m, std::uint64_t id, Buf b) {
-    entries.push_back({m, b, id, m->total, m->home});
+    entries.push_back({m, b, id, m->total, m->home, m->pushes});
   }
   std::size_t size() const noexcept { return entries.size(); }
 
@@ -134,10 +136,10 @@ class batches {
     auto all = make_pooled<op_state>(plan.frames.size(), std::move(done));
     for (const frame& fr : plan.frames) {
       transport::out_frame f;
-      f.meta = entries<true>(b, plan, fr, [](const auto& e) {
+      f.meta = entries<false>(b, plan, fr, [](const auto& e) {
         // Only this key's ops touch its count, one at a time: no atomic increment needed.
-        const std::uint64_t seq = e.rec->pushes.load(std::memory_order_relaxed) + 1;
-        e.rec->pushes.store(seq, std::memory_order_relaxed);
+        const std::uint64_t seq = e.pushes->load(std::memory_order_relaxed) + 1;
+        e.pushes->store(seq, std::memory_order_relaxed);
         return seq;
       });
       f.h = wire::batch_header(wire::cmd::batch_push, dtype, fr.keys(), fr.elements, priority);
@@ -225,9 +227,9 @@ class batches {
   static constexpr std::size_t prefetch_ahead = 8;
 
   // The frame's entries (wire::put_batch_entry), aux(entry) each. `ReadsRecord`: aux reads the
-  // key's record (a push's count, an init's rows), so the walk loads records a few keys ahead;
-  // a pull's walk reads no record at all (a planned call's engine op may not have either:
-  // engine::renew).
+  // key's record (an init's rows), so the walk loads records a few keys ahead; a push's walk
+  // (its counts are the key table's, entry::pushes) and a pull's read no record at all, nor may
+  // a planned call's engine op have (engine::renew).
   template <bool ReadsRecord, class Batch, class Aux>
   static std::string entries(const Batch& b, const frame_plan& p, const frame& fr, Aux&& aux) {
     std::string meta(fr.keys() * wire::batch_entry_size, '\0');

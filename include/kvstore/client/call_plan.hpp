@@ -16,6 +16,7 @@
 #include <kvstore/key.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -28,9 +29,10 @@ class call_plans {
   struct key_entry {
     key_record* rec;
     std::uint64_t id;
-    std::uint64_t total;  // elements
-    int server;           // rec->home
-    bool batched;         // small and plain: it travels in a batch
+    std::uint64_t total;                 // elements
+    int server;                          // rec->home
+    bool batched;                        // small and plain: it travels in a batch
+    std::atomic<std::uint64_t>* pushes;  // rec->pushes
   };
 
   /// What a plan was checked against: the key table's removals (key_table::removals_locked) and

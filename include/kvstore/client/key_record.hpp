@@ -38,7 +38,10 @@ struct alignas(64) key_record {
   mutable key_slot queue;
   /// Numbers this worker's pushes of the key (1, 2, ...), so a server restored from a snapshot
   /// applies a re-sent push exactly once. Only the key's ops touch it, one at a time (engine).
-  std::atomic<std::uint64_t> pushes{0};
+  /// It points at own_pushes until the key table takes the record: then at the table's count of
+  /// the key, kept with the others in the order keys were added (client/key_table.hpp), where a
+  /// multi-key push's walk numbers its keys without reading their records.
+  std::atomic<std::uint64_t>* pushes = &own_pushes;
   /// The multi-key call that named the key last (a key named twice in one call is found
   /// without a lookup); written under the store's lock for those calls.
   std::uint64_t batch_call = 0;
@@ -60,6 +63,8 @@ struct alignas(64) key_record {
   std::shared_ptr<void> residual;
   /// The last compressed push's payload buffer, reused by the next when no frame holds it.
   std::shared_ptr<std::vector<std::byte>> encoded;
+  /// The push count of a record no key table holds (pushes).
+  std::atomic<std::uint64_t> own_pushes{0};
 
   std::uint64_t rows() const noexcept { return row_length ? total / row_length : 0; }
 };

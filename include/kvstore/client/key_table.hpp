@@ -9,6 +9,7 @@
 #include <kvstore/detail/flat_index.hpp>
 #include <kvstore/detail/prefetch.hpp>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -31,6 +32,7 @@ class key_table {
     std::unique_lock lk(m_);
     key_record* now = index_.insert(r->k.id(), r.get());
     if (now != r.get()) return {now, false};
+    r->pushes = new_push_count();  // before the lock goes: no op has found the record yet
     owned_.push_back(std::move(r));
     return {now, true};
   }
@@ -56,6 +58,7 @@ class key_table {
     owned_.reserve(owned_.size() + rs.size());
     for (std::size_t i = 0; i < rs.size(); ++i) {
       if (index_.insert(rs[i]->k.id(), rs[i].get()) != rs[i].get()) return i;
+      rs[i]->pushes = new_push_count();
       added.push_back(rs[i].get());
       owned_.push_back(std::move(rs[i]));
     }
@@ -74,10 +77,25 @@ class key_table {
   std::uint64_t removals_locked() const noexcept { return removals_; }
 
  private:
+  // A zero count for the record added now (m_ held): the next in one of chunks that never move.
+  std::atomic<std::uint64_t>* new_push_count() {
+    if (counts_used_ == count_chunk) {
+      push_counts_.push_back(std::make_unique<std::atomic<std::uint64_t>[]>(count_chunk));
+      counts_used_ = 0;
+    }
+    return &push_counts_.back()[counts_used_++];
+  }
+  static constexpr std::size_t count_chunk = 4096;
+
   mutable std::shared_mutex m_;
   flat_index<key_record> index_;                    // the records in use, by id
   std::vector<std::unique_ptr<key_record>> owned_;  // every record added, removed ones too
   std::uint64_t removals_ = 0;
+  // The records' push counts (key_record::pushes), in the order they were added: a training
+  // step pushes its keys in about the order it inited them, so a multi-key push reads these
+  // counts one line per eight keys, where each key's record was a cache miss of its own.
+  std::vector<std::unique_ptr<std::atomic<std::uint64_t>[]>> push_counts_;
+  std::size_t counts_used_ = count_chunk;  // in push_counts_.back()
 };
 
 }  // namespace kvstore::detail

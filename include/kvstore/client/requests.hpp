@@ -82,7 +82,7 @@ class requests {
   void push(key_record& m, std::span<const T> value, int priority, done_fn done,
             std::shared_ptr<const void> keep = nullptr) {
     auto all = fan_in(m.slices.size(), std::move(done));
-    const std::uint64_t seq = ++m.pushes;
+    const std::uint64_t seq = ++*m.pushes;
     if (const compression c = compression_.of(m); c.type != compression::none)
       return push_encoded(m, value, c, priority, seq, std::move(all));
     for (auto& s : m.slices) {
@@ -137,7 +137,7 @@ class requests {
     const std::uint64_t rl = m.row_length;
     const std::size_t per =
         std::max<std::size_t>(1, client_.options().chunk_bytes / (rl * sizeof(T)));
-    const std::uint64_t seq = ++m.pushes;
+    const std::uint64_t seq = ++*m.pushes;
     for (auto& s : m.slices) {
       auto ids = std::make_shared<std::vector<std::int64_t>>();
       auto vals = std::make_shared<std::vector<T>>();
@@ -219,7 +219,7 @@ class requests {
                   done_fn done) {
     const auto parts = overlaps(m, offset, values.size());
     auto all = fan_in(parts.size(), std::move(done));
-    const std::uint64_t seq = ++m.pushes;
+    const std::uint64_t seq = ++*m.pushes;
     for (auto& p : parts) {
       const std::string meta = wire::encode_range({p.lo, p.hi - p.lo});
       std::vector<transport::out_frame> frames;
