@@ -19,7 +19,7 @@ OPTIONS = {"options.hpp", "impl/options_env.hpp"}
 MAY_INCLUDE = {
     "base": set(),
     "detail": {"base"},
-    "engine": {"base", "detail/block_pool.hpp"},
+    "engine": {"base", "detail/block_pool.hpp", "detail/prefetch.hpp"},
     "optim": {"base", "detail"},
     "reduce": {"base", "detail", "optim", "device"},
     "device": {"base", "detail", "engine", "reduce", "optim", "options"},

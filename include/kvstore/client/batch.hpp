@@ -12,6 +12,7 @@
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/client/partition.hpp>
 #include <kvstore/detail/block_pool.hpp>
+#include <kvstore/detail/prefetch.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/op.hpp>
 #include <kvstore/wire/commands.hpp>
@@ -236,7 +237,7 @@ class batches {
     char* at = meta.data();
     for (std::size_t k = fr.lo; k < fr.hi; ++k, at += wire::batch_entry_size) {
       if (ReadsRecord && k + prefetch_ahead < fr.hi)
-        __builtin_prefetch(b.entries[p.order[k + prefetch_ahead]].rec);
+        prefetch(b.entries[p.order[k + prefetch_ahead]].rec);
       const auto& e = b.entries[p.order[k]];
       const std::uint64_t x = aux(e);
       wire::put_batch_entry(at, wire::batch_entry{e.id, e.total, x});

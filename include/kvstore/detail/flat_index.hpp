@@ -6,6 +6,8 @@
 // locks. The pointed-to objects are the owner's; the table never moves or frees them.
 #pragma once
 
+#include <kvstore/detail/prefetch.hpp>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -67,7 +69,7 @@ class flat_index {
 
   /// Starts loading the slot where a lookup of `id` begins (a hint; nothing is read).
   void prefetch(std::uint64_t id) const noexcept {
-    if (!slots_.empty()) __builtin_prefetch(&slots_[home(id)]);
+    if (!slots_.empty()) detail::prefetch(&slots_[home(id)]);
   }
 
   /// Step i of a walk that looks up id_of(0), ..., id_of(n - 1) in turn: starts loading the

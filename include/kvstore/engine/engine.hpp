@@ -12,6 +12,7 @@
 #pragma once
 
 #include <kvstore/detail/block_pool.hpp>
+#include <kvstore/detail/prefetch.hpp>
 #include <kvstore/engine/key_slot.hpp>
 #include <kvstore/op.hpp>
 
@@ -178,7 +179,7 @@ class engine {
     }
     for (std::size_t i = 0; i < slots.size(); ++i) {
       // A batch's slots lie in records all over memory: start loading a few ahead.
-      if (i + prefetch_ahead < slots.size()) __builtin_prefetch(slots[i + prefetch_ahead], 1);
+      if (i + prefetch_ahead < slots.size()) prefetch_for_write(slots[i + prefetch_ahead]);
       enqueue(op, *slots[i], links[i]);
     }
     start(op, lk, may_run_inline);
@@ -488,7 +489,7 @@ class engine {
       if (hold) hold->done = true;  // no op waits behind it: each key goes free when next touched
       const std::size_t walk = hold && !hold->waited ? 0 : op->keys;
       for (std::size_t i = 0; i < walk; ++i) {
-        if (i + prefetch_ahead < op->keys) __builtin_prefetch(links[i + prefetch_ahead].slot, 1);
+        if (i + prefetch_ahead < op->keys) prefetch_for_write(links[i + prefetch_ahead].slot);
         key_slot& slot = *links[i].slot;
         if (hold) {
           settle(slot);  // through its hold: completed, let go (the last key frees the hold)

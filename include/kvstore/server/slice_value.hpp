@@ -5,6 +5,8 @@
 // (its shared block, then its bytes) and two allocations at init (issue 12).
 #pragma once
 
+#include <kvstore/detail/prefetch.hpp>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -89,10 +91,10 @@ class slice_value {
   /// A batched frame's passes load values some keys ahead: the buffer's block first, then its
   /// bytes (two steps: the block says where the bytes are). Nothing for a value inside the slice.
   void prefetch_block() const noexcept {
-    if (!is_inline()) __builtin_prefetch(large_.get());
+    if (!is_inline()) prefetch(large_.get());
   }
   void prefetch_bytes() const noexcept {
-    if (!is_inline()) __builtin_prefetch(large_->data());
+    if (!is_inline()) prefetch(large_->data());
   }
 
  private:
