@@ -171,10 +171,11 @@ TEST_CASE("key_map: frees() changes whenever a value may have been freed, and on
 }
 
 TEST_CASE(
-    "key_map: values lie one after the other at a stride off every 128 bytes; an erased "
-    "value's room is used again") {
+    "key_map: values lie one after the other in nodes that start a cache line, at a stride off "
+    "every 128 bytes; an erased value's room is used again") {
   // A server slice is 488 bytes: its node would be 504, which malloc made 512, so the same
-  // fields of 4,096 slices fell in half of the L2's sets.
+  // fields of 4,096 slices fell in half of the L2's sets. Each node starts a line, so a value's
+  // first bytes (what a walk reads) fall in the fewest lines.
   struct slice_sized {
     std::array<char, 488> bytes{};
   };
@@ -190,7 +191,11 @@ TEST_CASE(
   REQUIRE(stride > 0);
   CHECK(stride >= static_cast<std::ptrdiff_t>(sizeof(slice_sized)));
   CHECK(stride % 128 != 0);
-  CHECK(stride < static_cast<std::ptrdiff_t>(sizeof(slice_sized)) + 48);
+  CHECK(stride % 64 == 0);
+  // The node (key, value, position) rounded up to a line, and one line more when that is a
+  // multiple of 128.
+  CHECK(stride <= static_cast<std::ptrdiff_t>(sizeof(slice_sized)) + 16 + 63 + 64);
+  for (const char* v : at) CHECK(reinterpret_cast<std::uintptr_t>(v) % 64 == 8);  // after the key
   // Erase and add: the new value takes the freed place.
   const char* freed = m[57].bytes.data();
   REQUIRE(m.erase(57) == 1);

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
@@ -143,6 +144,44 @@ std::vector<bkey> many_keys(std::uint64_t n, std::uint64_t seq, Value&& value) {
 }
 
 }  // namespace
+
+TEST_CASE("a slice's fields a batched push reads lie in the lines its pass prefetches") {
+  using slice = kvstore::detail::key_slice<box_port>;
+  using kvstore::detail::slice_hot_bytes;
+  using kvstore::detail::slice_lone_push_bytes;
+  kvstore::detail::key_map<slice> slices;
+  for (std::uint64_t k = 0; k < 40; ++k) {  // slots in two slabs, at every stride offset
+    slice& s = slices.try_emplace(k).first->second;
+    const auto at = reinterpret_cast<std::uintptr_t>(&s);
+    CHECK(at % 64 == 8);  // after the node's key, in a node that starts a line
+    CHECK(slice_lone_push_bytes + 8 == 128);
+    // What batch_ops::push reads of a slice when alone: inside slice_lone_push_bytes.
+    auto inside = [&](const auto& field, std::size_t bytes,
+                      std::size_t prefetched = slice_lone_push_bytes) {
+      const auto f = reinterpret_cast<std::uintptr_t>(&field);
+      return f >= at && f + bytes <= at + prefetched;
+    };
+    CHECK(inside(s.lo, sizeof s.lo));
+    CHECK(inside(s.hi, sizeof s.hi));
+    CHECK(inside(s.round, sizeof s.round));
+    CHECK(inside(s.value, sizeof s.value));
+    CHECK(inside(s.cov, sizeof s.cov));
+    CHECK(inside(s.applied, sizeof(std::uint64_t)));
+    // ... where applied keeps rank 0's number: its first 8 bytes.
+    s.applied.set(0, 0x1234'5678'9abcULL);
+    std::uint64_t first = 0;
+    std::memcpy(&first, &s.applied, sizeof first);
+    CHECK(first == 0x1234'5678'9abcULL);
+    // What a push of several workers reads besides (its round): inside slice_hot_bytes, the
+    // node's first five lines.
+    CHECK(slice_hot_bytes + 8 <= 5 * 64);
+    CHECK(inside(s.round_done, sizeof s.round_done, slice_hot_bytes));
+    CHECK(inside(s.merge, sizeof s.merge, slice_hot_bytes));
+    CHECK(inside(s.round_waiters, sizeof s.round_waiters, slice_hot_bytes));
+    CHECK(inside(s.round_seq, sizeof s.round_seq, slice_hot_bytes));
+    CHECK(inside(s.batch_stamp, sizeof s.batch_stamp, slice_hot_bytes));
+  }
+}
 
 TEST_CASE("batched init, push and pull: one answer each, values in the entries' order" *
           doctest::timeout(10)) {

@@ -47,7 +47,9 @@ class key_map {
   using value_type = std::pair<const std::uint64_t, V>;
 
  private:
-  struct node {
+  // A node starts a cache line: the first bytes of every value, what a walk over many keys
+  // reads of each, fall in the same lines of every node (the fewest it can).
+  struct alignas(64) node {
     value_type kv;
     std::size_t pos;  // where nodes_ holds it
   };
@@ -56,11 +58,11 @@ class key_map {
   // the last, up to 4,096) and kept until it is cleared; a slot freed by erase is used again.
   class slabs {
    public:
-    /// Bytes from one slot to the next: the node's size rounded to 16 (or its alignment), and
+    /// Bytes from one slot to the next: the node's size rounded to its alignment (a line), and
     /// that much more when a multiple of 128, so the same fields of consecutive nodes spread
     /// over every cache set.
     static constexpr std::size_t stride = [] {
-      constexpr std::size_t align = std::max<std::size_t>(16, alignof(node));
+      constexpr std::size_t align = alignof(node);
       std::size_t n = (sizeof(node) + align - 1) / align * align;
       return n % 128 == 0 ? n + align : n;
     }();

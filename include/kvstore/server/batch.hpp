@@ -245,6 +245,8 @@ struct batch_ops {
     // The only worker in the group: each key's round is this push alone, applied at once
     // (what the round would do, without its merge buffer and waiters).
     const bool alone = sh.cfg_.sync && sh.active_workers() == 1;
+    // What the pass reads of each slice: alone, a push reads half the lines of one in a round.
+    const std::size_t walk_bytes = alone ? slice_lone_push_bytes : slice_hot_bytes;
     std::uint32_t id = no_batch;  // the frame's countdown (not each)
     // Key i's push is answered: now (each), or with the frame's countdown.
     auto answered = [&](std::size_t i) {
@@ -260,7 +262,7 @@ struct batch_ops {
         constexpr bool on_pool = !std::is_same_v<decltype(fx), std::nullptr_t>;
         const bool may_cut = !on_pool;  // a pool thread cuts no large value over the pool
         for (std::size_t i = lo; i < hi; value += found[i]->size(), ++i) {
-          prefetch_ahead(found, i, hi);  // not past the run: another thread's slices
+          prefetch_ahead(found, i, hi, walk_bytes);  // not past the run: another thread's slices
           slice& s = *found[i];
           const std::uint64_t n = s.size(), seq = entries[i].aux;
           if (s.duplicate(rank, seq)) {  // re-sent after a restart: applied before
@@ -529,10 +531,10 @@ struct batch_ops {
   }
 
   // The cache lines of slice s's first `hot` bytes (slice_hot_bytes: its id, sizes, rounds
-  // and marks, what a push reads; slice_pull_bytes: up to its value) start loading: a line
-  // every 64 bytes from its start, and the one its last hot byte falls in when the slice does
-  // not start a line. Without that last one, a push's read of `cov` missed for three keys in
-  // four (perf annotate: half the samples of the push loop on that one load).
+  // and marks, what a push reads; slice_lone_push_bytes: what a push of the only worker reads;
+  // slice_pull_bytes: up to its value) start loading, each line once, the last one included.
+  // Without the line of the last hot byte, a push's read of `cov` missed for three keys in four
+  // (perf annotate: half the samples of the push loop on that one load).
   static void prefetch_lines(const slice* s, std::size_t hot) { prefetch_bytes(s, hot); }
 
   // A frame's first pass looks up every key: the keys ahead and their slices' first lines

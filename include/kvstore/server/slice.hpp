@@ -65,11 +65,16 @@ void send_acks(const Port& to, std::uint64_t first, std::uint64_t n) {
     to.send(wire::acks_header(first, n), {}, {});
 }
 
-/// The first bytes of a slice, up to batch_stamp: what a batched push or pull reads of every
-/// key, prefetched some keys ahead (server/batch.hpp). A slice starts 8 bytes into its node,
-/// which detail/key_map.hpp places on a 16-byte boundary, so these bytes span four cache lines
-/// for three slices in four, not three.
-inline constexpr std::size_t slice_hot_bytes = 192;
+/// The first bytes of a slice, up to batch_stamp: what a batched push of several workers reads
+/// of every key (its round: who pushed, the sum, the waiters, the push numbers), prefetched
+/// some keys ahead (server/batch.hpp). A slice starts 8 bytes into its node, which
+/// detail/key_map.hpp starts on a cache line, so these bytes are its first five lines.
+inline constexpr std::size_t slice_hot_bytes = 280;
+/// The first bytes of a slice, up to applied's first number: all a push of the only worker in
+/// its round reads of the slice (with rank 0 and no optimizer: its sizes, round, value, coverage
+/// and last push applied). With the node's 8 they are exactly its first two lines: over a
+/// million keys a push's pass is bound by the lines in flight.
+inline constexpr std::size_t slice_lone_push_bytes = 120;
 /// The first bytes of a slice, up to its value: what a batched pull reads of every key (a pull
 /// that might wait for slower workers, which reads more, is not batched).
 inline constexpr std::size_t slice_pull_bytes = 80;
@@ -77,14 +82,20 @@ inline constexpr std::size_t slice_pull_bytes = 80;
 /// One key's slice on this server.
 template <class Port>
 struct key_slice : wire::slice_header {
-  // What a push or pull of the key reads first, in the slice's first slice_hot_bytes with the
-  // header (a batched frame prefetches them some keys ahead; server/batch.hpp).
-  slice_value value;    // inside the slice when small, else shared with pull answers in flight
-  rank_set round_done;  // workers whose push is in the sync round being gathered
+  // What a push or pull of the key reads, in the slice's first slice_hot_bytes with the header
+  // (a batched frame prefetches them some keys ahead; server/batch.hpp), and in this order: a
+  // push of the only worker reads no further than applied's first number (slice_lone_push_bytes;
+  // test_shard_batch checks the offsets), a pull no further than the value.
+  slice_value value;  // inside the slice when small, else shared with pull answers in flight
+  coverage cov;       // elements of the round being gathered that some push covered
   // Exactly-once pushes across a server restart: per worker, the sequence number of its last
   // push applied (kept in snapshots).
   rank_values applied;
-  coverage cov;  // elements of the round being gathered that some push covered
+  // The rest of the sync round being gathered, and each worker's push number in it.
+  rank_set round_done;  // workers whose push is in the round
+  slice_value merge;    // sized on the round's first push
+  std::vector<reply_to<Port>> round_waiters;
+  rank_values round_seq;
   // The batched frame that named this slice last (server/batch.hpp: a key named twice in one
   // frame is refused before anything changes).
   std::uint64_t batch_stamp = 0;
@@ -98,10 +109,6 @@ struct key_slice : wire::slice_header {
   rank_set init_done;  // workers whose init arrived
   std::vector<reply_to<Port>> init_waiters;
 
-  // The rest of the sync round being gathered, and each worker's push number in it.
-  slice_value merge;  // sized on the round's first push
-  std::vector<reply_to<Port>> round_waiters;
-  rank_values round_seq;
   // dist_async applies a push sent in several frames frame by frame. Per worker, the push in
   // progress: its sequence number, how many of its frames were applied (kept in snapshots) and
   // how many arrived on the worker's current connection. After a restart from a snapshot taken
