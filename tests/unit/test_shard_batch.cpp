@@ -173,8 +173,8 @@ TEST_CASE("a slice's fields a batched push reads lie in the lines its pass prefe
     std::memcpy(&first, &s.applied, sizeof first);
     CHECK(first == 0x1234'5678'9abcULL);
     // What a push of several workers reads besides (its round): inside slice_hot_bytes, the
-    // node's first five lines.
-    CHECK(slice_hot_bytes + 8 <= 5 * 64);
+    // node's first four lines.
+    CHECK(slice_hot_bytes + 8 <= 4 * 64);
     CHECK(inside(s.round_done, sizeof s.round_done, slice_hot_bytes));
     CHECK(inside(s.merge, sizeof s.merge, slice_hot_bytes));
     CHECK(inside(s.round_waiters, sizeof s.round_waiters, slice_hot_bytes));

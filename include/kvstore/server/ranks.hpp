@@ -9,9 +9,46 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <memory>
 #include <vector>
 
 namespace kvstore::detail {
+
+/// The words past a rank set's or rank numbers' inline ones (ranks beyond the first few): on the
+/// heap, allocated when such a rank is first set, and held by one pointer. A std::vector's three
+/// words in each of a slice's rank fields made a sync round's fields span five cache lines of
+/// the slice, not four (server/slice.hpp), and a push is bound by the lines it reads.
+class spilled_words {
+ public:
+  spilled_words() = default;
+  spilled_words(const spilled_words& o)
+      : v_(o.v_ ? std::make_unique<std::vector<std::uint64_t>>(*o.v_) : nullptr) {}
+  spilled_words(spilled_words&&) noexcept = default;
+  spilled_words& operator=(const spilled_words& o) {
+    if (this != &o) *this = spilled_words(o);
+    return *this;
+  }
+  spilled_words& operator=(spilled_words&&) noexcept = default;
+  ~spilled_words() = default;
+
+  std::size_t size() const noexcept { return v_ ? v_->size() : 0; }
+  std::uint64_t operator[](std::size_t i) const noexcept { return (*v_)[i]; }
+  std::uint64_t& operator[](std::size_t i) noexcept { return (*v_)[i]; }
+  /// At least n words, the new ones 0.
+  void grow(std::size_t n) {
+    if (!v_) v_ = std::make_unique<std::vector<std::uint64_t>>();
+    if (v_->size() < n) v_->resize(n, 0);
+  }
+  /// Every word 0 (the words kept, for the next round).
+  void zero() noexcept {
+    if (v_) std::fill(v_->begin(), v_->end(), 0);
+  }
+  const std::uint64_t* begin() const noexcept { return v_ ? v_->data() : nullptr; }
+  const std::uint64_t* end() const noexcept { return v_ ? v_->data() + v_->size() : nullptr; }
+
+ private:
+  std::unique_ptr<std::vector<std::uint64_t>> v_;
+};
 
 /// A set of worker ranks: one word for ranks 0-63, a word more per 64 beyond.
 class rank_set {
@@ -36,7 +73,7 @@ class rank_set {
     const auto w = static_cast<std::size_t>(r) / 64;
     std::uint64_t* word = &low_;
     if (w) {
-      if (high_.size() < w) high_.resize(w, 0);
+      high_.grow(w);
       word = &high_[w - 1];
     }
     const std::uint64_t bit = std::uint64_t{1} << (static_cast<unsigned>(r) % 64);
@@ -46,7 +83,7 @@ class rank_set {
   }
   void clear() noexcept {
     low_ = 0;
-    std::fill(high_.begin(), high_.end(), 0);
+    high_.zero();
   }
   bool empty() const noexcept {
     return low_ == 0 && std::all_of(high_.begin(), high_.end(), [](auto w) { return w == 0; });
@@ -74,13 +111,13 @@ class rank_set {
   }
 
   std::uint64_t low_ = 0;
-  std::vector<std::uint64_t> high_;  // ranks 64 and up
+  spilled_words high_;  // ranks 64 and up
 };
 
 /// A number per worker rank; 0 is "none". The first ranks' numbers live in the object itself (a
 /// push of one worker reads and sets its rank's number for every key it names: over many keys a
-/// number on the heap was one more cache miss per key); a vector holds the rest, grown to the
-/// highest rank set, and keeps its capacity when cleared.
+/// number on the heap was one more cache miss per key); spilled words hold the rest, grown to
+/// the highest rank set, and kept when cleared.
 class rank_values {
  public:
   // (get and set: the inline ranks in a line or two, the rest out of line, so that both inline
@@ -99,7 +136,7 @@ class rank_values {
   }
   void clear() noexcept {
     std::fill(std::begin(low_), std::end(low_), 0);
-    std::fill(high_.begin(), high_.end(), 0);
+    high_.zero();
   }
   /// Calls f(rank, number) for each rank with a number, in increasing order.
   template <class F>
@@ -120,14 +157,14 @@ class rank_values {
     const std::size_t j = i - inline_ranks;
     if (j >= high_.size()) {
       if (x == 0) return;
-      high_.resize(j + 1, 0);
+      high_.grow(j + 1);
     }
     high_[j] = x;
   }
 
   static constexpr std::size_t inline_ranks = 2;
   std::uint64_t low_[inline_ranks] = {};
-  std::vector<std::uint64_t> high_;  // ranks inline_ranks and up
+  spilled_words high_;  // ranks inline_ranks and up
 };
 
 }  // namespace kvstore::detail

@@ -68,8 +68,8 @@ void send_acks(const Port& to, std::uint64_t first, std::uint64_t n) {
 /// The first bytes of a slice, up to batch_stamp: what a batched push of several workers reads
 /// of every key (its round: who pushed, the sum, the waiters, the push numbers), prefetched
 /// some keys ahead (server/batch.hpp). A slice starts 8 bytes into its node, which
-/// detail/key_map.hpp starts on a cache line, so these bytes are its first five lines.
-inline constexpr std::size_t slice_hot_bytes = 280;
+/// detail/key_map.hpp starts on a cache line, so these bytes are its first four lines.
+inline constexpr std::size_t slice_hot_bytes = 232;
 /// The first bytes of a slice, up to applied's first number: all a push of the only worker in
 /// its round reads of the slice (with rank 0 and no optimizer: its sizes, round, value, coverage
 /// and last push applied). With the node's 8 they are exactly its first two lines: over a
