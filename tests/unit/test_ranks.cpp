@@ -72,6 +72,35 @@ TEST_CASE("rank_values: the first ranks need no heap, and clearing keeps the num
   CHECK(calls == 0);
 }
 
+TEST_CASE("rank_values and rank_set: a copy holds its own high ranks, a move takes them") {
+  rank_values v;
+  v.set(1, 4);
+  v.set(90, 7);
+  rank_values c = v;  // copied: the high ranks' words too, not shared
+  v.set(90, 8);
+  v.set(91, 2);
+  CHECK(c.get(1) == 4);
+  CHECK(c.get(90) == 7);
+  CHECK(c.get(91) == 0);
+  rank_values m = std::move(v);
+  CHECK(m.get(90) == 8);
+  CHECK(m.get(91) == 2);
+  c = m;  // assigned over existing high ranks
+  CHECK(c.get(91) == 2);
+
+  rank_set a;
+  a.insert(3);
+  a.insert(130);
+  rank_set b = a;
+  a.insert(131);
+  a.clear();
+  CHECK(b.count(3) == 1);
+  CHECK(b.count(130) == 1);
+  CHECK(b.count(131) == 0);
+  CHECK(b.size() == 2);
+  CHECK(a.empty());
+}
+
 TEST_CASE("rank_set: count, insert, size, empty and for_each agree with a set" *
           doctest::timeout(60)) {
   std::mt19937_64 rng(9);
