@@ -10,44 +10,55 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
-#include <vector>
 
 namespace kvstore::detail {
 
-/// The words past a rank set's or rank numbers' inline ones (ranks beyond the first few): on the
-/// heap, allocated when such a rank is first set, and held by one pointer. A std::vector's three
-/// words in each of a slice's rank fields made a sync round's fields span five cache lines of
-/// the slice, not four (server/slice.hpp), and a push is bound by the lines it reads.
+/// The words past a rank set's or rank numbers' inline ones (ranks beyond the first few): one
+/// block on the heap, allocated when such a rank is first set, its length in its first word, and
+/// held by one pointer. A std::vector's three words in each of a slice's rank fields made a sync
+/// round's fields span five cache lines of the slice, not four (server/slice.hpp), and a push is
+/// bound by the lines it reads; one block, not a vector behind a pointer, keeps a high rank's
+/// number one dependent load from the slice, as it was.
 class spilled_words {
  public:
   spilled_words() = default;
-  spilled_words(const spilled_words& o)
-      : v_(o.v_ ? std::make_unique<std::vector<std::uint64_t>>(*o.v_) : nullptr) {}
+  spilled_words(const spilled_words& o) : b_(copy(o.b_.get())) {}
   spilled_words(spilled_words&&) noexcept = default;
   spilled_words& operator=(const spilled_words& o) {
-    if (this != &o) *this = spilled_words(o);
+    if (this != &o) b_ = copy(o.b_.get());
     return *this;
   }
   spilled_words& operator=(spilled_words&&) noexcept = default;
   ~spilled_words() = default;
 
-  std::size_t size() const noexcept { return v_ ? v_->size() : 0; }
-  std::uint64_t operator[](std::size_t i) const noexcept { return (*v_)[i]; }
-  std::uint64_t& operator[](std::size_t i) noexcept { return (*v_)[i]; }
+  std::size_t size() const noexcept { return b_ ? static_cast<std::size_t>(b_[0]) : 0; }
+  std::uint64_t operator[](std::size_t i) const noexcept { return b_[i + 1]; }
+  std::uint64_t& operator[](std::size_t i) noexcept { return b_[i + 1]; }
   /// At least n words, the new ones 0.
   void grow(std::size_t n) {
-    if (!v_) v_ = std::make_unique<std::vector<std::uint64_t>>();
-    if (v_->size() < n) v_->resize(n, 0);
+    const std::size_t had = size();
+    if (had >= n) return;
+    auto b = std::make_unique<std::uint64_t[]>(n + 1);  // zeroed
+    b[0] = n;
+    if (had) std::copy(begin(), end(), b.get() + 1);
+    b_ = std::move(b);
   }
   /// Every word 0 (the words kept, for the next round).
   void zero() noexcept {
-    if (v_) std::fill(v_->begin(), v_->end(), 0);
+    if (b_) std::fill(b_.get() + 1, b_.get() + 1 + size(), 0);
   }
-  const std::uint64_t* begin() const noexcept { return v_ ? v_->data() : nullptr; }
-  const std::uint64_t* end() const noexcept { return v_ ? v_->data() + v_->size() : nullptr; }
+  const std::uint64_t* begin() const noexcept { return b_ ? b_.get() + 1 : nullptr; }
+  const std::uint64_t* end() const noexcept { return b_ ? b_.get() + 1 + size() : nullptr; }
 
  private:
-  std::unique_ptr<std::vector<std::uint64_t>> v_;
+  static std::unique_ptr<std::uint64_t[]> copy(const std::uint64_t* from) {
+    if (!from) return nullptr;
+    const auto n = static_cast<std::size_t>(from[0]) + 1;
+    auto b = std::make_unique_for_overwrite<std::uint64_t[]>(n);
+    std::copy(from, from + n, b.get());
+    return b;
+  }
+  std::unique_ptr<std::uint64_t[]> b_;  // b_[0]: how many words follow
 };
 
 /// A set of worker ranks: one word for ranks 0-63, a word more per 64 beyond.
