@@ -7,7 +7,7 @@ the client's key lookups ran with no prefetch, and nothing but the disassembly s
 (detail/prefetch.hpp). This test disassembles a built program and requires a prefetch
 instruction in at least one function of each named kind.
 
-usage: test_prefetch_kept.py PROGRAM NAME_REGEX...   (ctest: prefetch_kept_*)
+usage: test_prefetch_kept.py PROGRAM NAME_REGEX...   (ctest: prefetch_kept)
 Exits 77 (skipped) where objdump or a known prefetch instruction is missing.
 """
 

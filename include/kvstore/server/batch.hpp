@@ -557,7 +557,7 @@ struct batch_ops {
                              std::size_t elem, std::size_t i, std::size_t end,
                              std::size_t hot = slice_hot_bytes) {
     auto outside = [&](std::size_t j) {
-      return entries[j].elements * elem > slice_value::inline_bytes;
+      return !slice_value::fits_inline(entries[j].elements * elem);
     };
     if (i + 12 < end) prefetch_lines(found[i + 12], hot);
     if (i + 8 < end && outside(i + 8)) found[i + 8]->value.prefetch_block();

@@ -23,6 +23,8 @@ class slice_value {
  public:
   /// Values of at most this many bytes live inside the slice (four floats, two doubles).
   static constexpr std::size_t inline_bytes = 16;
+  /// Whether a value of `n` bytes lives inside the slice.
+  static constexpr bool fits_inline(std::size_t n) noexcept { return n <= inline_bytes; }
 
   slice_value() noexcept { std::memset(small_, 0, inline_bytes); }
   /// n zero bytes.
@@ -98,7 +100,7 @@ class slice_value {
   }
 
  private:
-  bool is_inline() const noexcept { return size_ <= inline_bytes; }
+  bool is_inline() const noexcept { return fits_inline(size_); }
 
   union {
     std::byte small_[inline_bytes];
