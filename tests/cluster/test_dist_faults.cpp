@@ -16,12 +16,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/asio.hpp>
+
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -57,6 +61,69 @@ std::int64_t key_on(int server, int servers, std::uint64_t total, std::size_t sl
 
 using raw_client = kvtest::wire_peer;
 using kvtest::hdr;
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+// A lossy link in front of a server: listens at 127.0.0.2:port for the server at 127.0.0.1:port
+// (the address its book entry names, dist_options::advertise_host). The first `lost` connections
+// are taken and every byte on them dropped, as when a link loses the handshake's packets; later
+// ones are relayed both ways.
+class lossy_link {
+ public:
+  lossy_link(std::uint16_t port, int lost)
+      : port_(port), lost_(lost), acc_(io_, {asio::ip::make_address("127.0.0.2"), port}) {
+    accept_next();
+    thread_ = std::thread([this] { io_.run_for(60s); });
+  }
+  ~lossy_link() {
+    io_.stop();
+    thread_.join();
+  }
+  int accepted() const { return accepted_; }
+
+ private:
+  using socket_ptr = std::shared_ptr<tcp::socket>;
+  void accept_next() {
+    auto a = std::make_shared<tcp::socket>(io_);
+    acc_.async_accept(*a, [this, a](boost::system::error_code ec) {
+      if (ec) return;
+      if (accepted_++ < lost_) {
+        copy(a, nullptr);  // read and dropped
+      } else {
+        auto b = std::make_shared<tcp::socket>(io_);
+        b->connect({asio::ip::make_address("127.0.0.1"), port_}, ec);
+        if (!ec) {
+          copy(a, b);
+          copy(b, a);
+        }
+      }
+      accept_next();
+    });
+  }
+  // Copies what `from` reads to `to` (nowhere when null) until either side closes.
+  static void copy(socket_ptr from, socket_ptr to) {
+    auto buf = std::make_shared<std::array<char, 16384>>();
+    from->async_read_some(asio::buffer(*buf),
+                          [from, to, buf](boost::system::error_code ec, std::size_t n) {
+                            boost::system::error_code wec;
+                            if (!ec && to) asio::write(*to, asio::buffer(*buf, n), wec);
+                            if (ec || wec) {
+                              from->close(wec);
+                              if (to) to->close(wec);
+                              return;
+                            }
+                            copy(from, to);
+                          });
+  }
+
+  std::uint16_t port_;
+  int lost_;
+  std::atomic<int> accepted_{0};
+  asio::io_context io_;
+  tcp::acceptor acc_;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -97,6 +164,47 @@ TEST_CASE("a scheduler address that can never resolve fails at once, not at the 
     expect_error([&] { KVStore<dist> kv(o); }, errc::invalid_argument,
                  {"scheduler", "not a host name or an IP address"});
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+  }
+}
+
+TEST_CASE(
+    "a server handshake the link cut short: the worker's join connects again and trains; "
+    "past connect_timeout it fails naming the server and why" *
+    doctest::timeout(60)) {
+  auto o = kvtest::test_options(1, 1);
+  o.advertise_host = "127.0.0.2";  // the servers' book entries: the lossy link below
+  o.auth_bind_address = false;     // a relayed connection's proof names the relay's address
+  kvtest::cluster c(o);
+  auto w = c.options();
+  w.role = kvstore::role::worker;
+  w.rank_hint = 0;
+  w.handshake_timeout = 300ms;
+  SUBCASE("two handshakes lost, the third gets through") {
+    lossy_link link(c.server(0).port(), 2);
+    const auto t0 = clk::now();
+    {
+      KVStore<dist> kv(w);
+      kv.init(1, filled(4, 0.0f));
+      kv.set_optimizer(kvstore::optim::sgd{.learning_rate = -1.0});
+      kv.push(1, filled(4, 2.0f)).wait();
+      std::vector<float> out(4);
+      kv.pull(1, out).wait();
+      CHECK(out == filled(4, 2.0f));
+    }
+    CHECK(link.accepted() == 3);
+    CHECK(seconds_since(t0) >= 0.6);  // each lost handshake waited out handshake_timeout
+  }
+  SUBCASE("every handshake lost: join fails by connect_timeout, naming the server and why") {
+    lossy_link link(c.server(0).port(), 1000);
+    w.connect_timeout = 1500ms;
+    const auto t0 = clk::now();
+    expect_error([&] { KVStore<dist> kv(w); }, errc::unreachable,
+                 {"server 0 (node 8)", "closed during its handshake",
+                  "no authentication within 300 ms", "attempt"});
+    const double took = seconds_since(t0);
+    MESSAGE("failed after " << took << " s and " << link.accepted() << " connections");
+    CHECK(link.accepted() >= 2);
+    CHECK(took < 1.5 + 0.3 + 1.0);
   }
 }
 

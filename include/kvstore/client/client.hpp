@@ -214,9 +214,18 @@ class worker_client final : public transport::frame_handler {
     std::string lost_why;
   };
 
-  // Opens the connection to server `s` (already connected socket); `then(ok)` runs on the io
-  // thread once the hello is queued (ok) or the connection closed first.
-  void attach(server_ref& s, transport::tcp::socket sock, std::function<void(bool)> then) {
+  // How a connection's hello went: queued (ok), or the connection closed first, and why.
+  struct hello_outcome {
+    bool ok = false;
+    std::string why;         // the close's reason when not ok
+    bool link_lost = false;  // closed by the link, not by a refusal (connection::link_lost)
+  };
+
+  // Opens the connection to server `s` (already connected socket); `then` runs on the io thread
+  // once the hello is queued or the connection closed first. While `joining`, a connection that
+  // closes before its hello is no lost server: join() reports it or tries again.
+  void attach(server_ref& s, transport::tcp::socket sock, std::function<void(hello_outcome)> then,
+              bool joining = false) {
     auto c = std::make_shared<transport::connection>(
         std::move(sock), *this, data_limits(), worker_security(role::server), opts_.chunk_bytes);
     c->peer_id = s.id;
@@ -226,7 +235,7 @@ class worker_client final : public transport::frame_handler {
       std::lock_guard lk(m_);
       s.conn = c;
       // The hello waits for the handshake (on_authenticated), or fails with the connection.
-      hellos_[c.get()] = {c, s.id, std::move(then)};
+      hellos_[c.get()] = {c, s.id, std::move(then), joining};
     }
     c->start();
   }
@@ -235,8 +244,8 @@ class worker_client final : public transport::frame_handler {
   // made once the handshake fixed the connection's binding. No frame was queued on the
   // connection before, so the hello goes first.
   void say_hello(std::shared_ptr<transport::connection> c, int server_id,
-                 std::function<void(bool)> then) {
-    if (stopping_ || c->is_closed()) return then(false);
+                 std::function<void(hello_outcome)> then) {
+    if (stopping_ || c->is_closed()) return then({false, "closed", c->link_lost()});
     transport::out_frame hello;
     hello.h.command = wire::cmd::hello;
     hello.h.priority = std::numeric_limits<std::int32_t>::max();  // ahead of any re-sent request
@@ -244,7 +253,7 @@ class worker_client final : public transport::frame_handler {
     hello.h.aux = static_cast<std::uint64_t>(rank_);
     hello.meta = transport::hello_proof(credential_, c->binding(), server_id, rank_);
     c->send(std::move(hello));
-    then(true);
+    then({true, {}, false});
   }
 
   void join() {
@@ -265,26 +274,52 @@ class worker_client final : public transport::frame_handler {
     r.timeout = opts_.connect_timeout + std::chrono::milliseconds(2000);
     r.on_response = [this](const wire::header& h, std::span<const std::byte>) { (void)h; };
     call(to_scheduler, single(std::move(f)), std::move(r));  // completed by the address book
-    for (auto& s : servers_) {
-      auto sock = transport::connect_with_retry(io_, s.host, s.port, opts_.connect_timeout,
-                                                node_name(s.id));
-      std::promise<bool> said;
-      auto ok = said.get_future();
+    for (auto& s : servers_) join_server(s);
+    joined_ = true;
+    transport::asio::post(io_, [this] { tick(); });
+    who_ = "worker " + std::to_string(rank_);
+  }
+
+  // Connects to server s and queues this worker's hello on it. A handshake that the link cut
+  // short is tried again on a new connection until connect_timeout: on a slow, lossy link it
+  // can outlast handshake_timeout (two lost SYNs alone take 3 s). A refusal is final.
+  void join_server(server_ref& s) {
+    const auto deadline = clock::now() + opts_.connect_timeout;
+    std::string lost;  // how the last attempt's handshake ended, once one did
+    for (int attempt = 1;; ++attempt) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
+      std::optional<transport::tcp::socket> sock;
+      try {
+        sock.emplace(transport::connect_with_retry(
+            io_, s.host, s.port, std::max(left, std::chrono::milliseconds(1)), node_name(s.id)));
+      } catch (const error& e) {
+        if (lost.empty()) throw;
+        throw error(errc::unreachable, "join: " + lost + "; connecting again: " + e.what());
+      }
+      std::promise<hello_outcome> said;
+      auto outcome = said.get_future();
       transport::asio::post(io_, [&] {
         try {
-          attach(s, std::move(sock), [&said](bool yes) { said.set_value(yes); });
+          attach(
+              s, std::move(*sock), [&said](hello_outcome o) { said.set_value(std::move(o)); },
+              /*joining=*/true);
         } catch (...) {
           said.set_exception(std::current_exception());
         }
       });
-      if (!ok.get())
-        throw error(errc::unreachable, "join: the connection to " + node_name(s.id) + " at " +
-                                           s.host + ":" + std::to_string(s.port) +
-                                           " closed during its handshake");
+      const hello_outcome o = outcome.get();
+      if (o.ok) return;
+      lost = "the connection to " + node_name(s.id) + " at " + s.host + ":" +
+             std::to_string(s.port) + " closed during its handshake (" + o.why + ")";
+      if (!o.link_lost || clock::now() >= deadline)
+        throw error(errc::unreachable, "join: " + lost +
+                                           (attempt > 1 ? ", attempt " + std::to_string(attempt) +
+                                                              " within connect_timeout"
+                                                        : ""));
+      detail::log_warn("worker",
+                       lost + "; connecting again (attempt " + std::to_string(attempt + 1) + ")");
     }
-    joined_ = true;
-    transport::asio::post(io_, [this] { tick(); });
-    who_ = "worker " + std::to_string(rank_);
   }
 
   // A worker's connection to a node of role `peer`, which must prove that role.
@@ -505,8 +540,8 @@ class worker_client final : public transport::frame_handler {
 
   void reattach(std::size_t i, transport::tcp::socket sock) {
     // Requests keep waiting (s.waiting) until the hello is queued on the new connection.
-    attach(servers_[i], std::move(sock), [this, i](bool ok) {
-      if (ok) resend(i);
+    attach(servers_[i], std::move(sock), [this, i](hello_outcome o) {
+      if (o.ok) resend(i);
     });
   }
 
@@ -568,7 +603,8 @@ class worker_client final : public transport::frame_handler {
   struct waiting_hello {
     std::shared_ptr<transport::connection> conn;
     int server_id = -1;
-    std::function<void(bool)> then;
+    std::function<void(hello_outcome)> then;
+    bool joining = false;  // join() waits on it (attach)
   };
   std::optional<waiting_hello> take_hello(transport::connection& c) {
     std::lock_guard lk(m_);
@@ -580,7 +616,11 @@ class worker_client final : public transport::frame_handler {
   }
 
   void on_close(transport::connection& c, const std::string& reason) override {
-    if (auto h = take_hello(c)) h->then(false);  // closed before its handshake finished
+    if (auto h = take_hello(c)) {  // closed before its handshake finished
+      const bool joining = h->joining;
+      h->then({false, reason, c.link_lost()});
+      if (joining) return;  // join() reports it, or connects again
+    }
     if (stopping_ || leaving_) return;
     if (&c == sched_.get()) {
       {

@@ -189,6 +189,10 @@ class connection : public std::enable_shared_from_this<connection> {
   std::size_t queued_bytes() const noexcept { return queued_bytes_.load(); }
 
   bool is_closed() const noexcept { return closed_flag_.load(); }
+  /// Closed by the link, not by a refusal: the peer closed it or a read or write failed, or a
+  /// deadline of ours passed (the handshake's, the idle one). A new connection may succeed
+  /// where this one did not; a refused token, proof or frame would be refused again.
+  bool link_lost() const noexcept { return link_lost_; }
   const std::string& remote() const noexcept { return remote_; }
   tcp::socket::executor_type executor() { return sock_.get_executor(); }
 
@@ -256,7 +260,7 @@ class connection : public std::enable_shared_from_this<connection> {
       asio::async_write(st, b,
                         [self = shared_from_this(), then = std::move(then)](
                             boost::system::error_code ec, std::size_t) {
-                          if (ec) return self->fail("write: " + ec.message());
+                          if (ec) return self->lose_link("write: " + ec.message());
                           if (then) then();
                         });
     });
@@ -327,7 +331,7 @@ class connection : public std::enable_shared_from_this<connection> {
       if (ec || self->closed_flag_) return;
       if (handshake) {
         if (!self->proven_)
-          self->fail("no authentication within " + std::to_string(period.count()) + " ms");
+          self->lose_link("no authentication within " + std::to_string(period.count()) + " ms");
         return;
       }
       self->check_idle(period);
@@ -336,7 +340,7 @@ class connection : public std::enable_shared_from_this<connection> {
   void check_idle(std::chrono::milliseconds period) {
     auto now = std::chrono::steady_clock::now();
     if (now - last_rx_ > period)
-      return fail("idle for more than " + std::to_string(period.count()) + " ms");
+      return lose_link("idle for more than " + std::to_string(period.count()) + " ms");
     timer_.expires_after(period / 4 + std::chrono::milliseconds(1));
     timer_.async_wait([self = shared_from_this(), period](boost::system::error_code ec) {
       if (!ec && !self->closed_flag_) self->check_idle(period);
@@ -356,8 +360,9 @@ class connection : public std::enable_shared_from_this<connection> {
       st.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                            if (ec)
-                             return self->fail(ec == asio::error::eof ? "closed by peer"
-                                                                      : "read: " + ec.message());
+                             return self->lose_link(ec == asio::error::eof
+                                                        ? "closed by peer"
+                                                        : "read: " + ec.message());
                            self->rend_ += n;
                            self->last_rx_ = std::chrono::steady_clock::now();
                            self->parse();
@@ -438,7 +443,7 @@ class connection : public std::enable_shared_from_this<connection> {
           asio::async_read(
               st, asio::buffer(sink_.data() + got_, chunk),
               [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                if (ec) return self->fail("read: " + ec.message());
+                if (ec) return self->lose_link("read: " + ec.message());
                 self->got_ += n;
                 if (self->got_ == self->cur_.payload_len) self->deliver();
                 self->parse();
@@ -566,7 +571,7 @@ class connection : public std::enable_shared_from_this<connection> {
                           std::size_t done = 0;
                           for (auto& f : self->inflight_) done += frame_bytes(f);
                           self->inflight_.clear();
-                          if (ec) return self->fail("write: " + ec.message());
+                          if (ec) return self->lose_link("write: " + ec.message());
                           if (!self->closed_flag_) self->queued_bytes_ -= done;
                           self->maybe_resume();
                           self->write_more();
@@ -574,6 +579,10 @@ class connection : public std::enable_shared_from_this<connection> {
     });
   }
 
+  void lose_link(const std::string& reason) {
+    if (!closed_flag_) link_lost_ = true;
+    fail(reason);
+  }
   void fail(const std::string& reason) {
     if (closed_flag_.exchange(true)) return;
     {
@@ -619,7 +628,8 @@ class connection : public std::enable_shared_from_this<connection> {
   std::string meta_;
   std::span<std::byte> sink_;
   std::vector<std::byte> own_;
-  bool own_sink_ = false;  // the payload goes to own_, grown as it arrives
+  bool own_sink_ = false;   // the payload goes to own_, grown as it arrives
+  bool link_lost_ = false;  // set on the io thread before fail() (see link_lost)
   std::size_t got_ = 0;
 
   // The caller's thread queues frames and the io thread takes them: held briefly by both.
