@@ -5,6 +5,8 @@
 // answers each key on its own, when that key's round completes: a key's op depends on no other
 // key's round, as when it went alone. With nothing in flight the push goes at once (no added
 // latency on an idle link). Per-key order is the engine's: a key's next op waits for this one.
+// The frame's payload is the callers' values where they lie (out_frame::pieces), not a copy: a
+// pushed buffer stays alive and unchanged until its op is done, as for a push sent alone.
 #pragma once
 
 #include <kvstore/client/batch.hpp>
@@ -57,13 +59,14 @@ class fusion {
     const std::size_t at = p.meta.size();
     p.meta.resize(at + wire::batch_entry_size);
     wire::put_batch_entry(p.meta.data() + at, wire::batch_entry{m.k.id(), value.size(), seq});
-    p.values.insert(p.values.end(), value.begin(), value.end());
+    p.pieces.push_back(std::as_bytes(value));
+    p.values += value.size();
     worker_client::request r;
     r.done = make_pooled<op_state>(1, std::move(done));
     r.what = {call_kind::push, &m.k};
     p.reqs.push_back(std::move(r));
     p.priority = p.reqs.size() == 1 ? priority : std::max(p.priority, priority);
-    if (p.meta.size() + p.values.size() * sizeof(T) >= bytes_) {
+    if (p.meta.size() + p.values * sizeof(T) >= bytes_) {
       flush_locked(s, lk);  // unlocks
     } else if (!p.timer) {
       p.timer = true;
@@ -88,19 +91,19 @@ class fusion {
 
  private:
   struct pending {
-    std::string meta;       // the entries (wire::put_batch_entry)
-    std::vector<T> values;  // one key's after the other
+    std::string meta;  // the entries (wire::put_batch_entry)
+    std::vector<std::span<const std::byte>> pieces;  // each key's value, in entry order
+    std::size_t values = 0;                          // elements in pieces, together
     std::vector<worker_client::request> reqs;
     int priority = 0;
-    bool timer = false;                          // a flush is due within fuse_time
-    std::size_t last_keys = 0, last_values = 0;  // the previous frame's
+    bool timer = false;          // a flush is due within fuse_time
+    std::size_t last_keys = 0;  // the previous frame's
 
-    // A frame's buffers sized before its first push, as the previous frame needed them: grown
-    // push by push, a 64 KiB frame of 4 KiB values was copied again at each doubling (4 + 8 +
-    // 16 + 32 KiB), and its requests (a few hundred bytes each) moved at each growth too.
+    // A frame's lists sized before its first push, as the previous frame needed them: grown
+    // push by push, its requests (a few hundred bytes each) were moved at each growth.
     void reserve_like_last() {
-      values.reserve(last_values);
       meta.reserve(last_keys * wire::batch_entry_size);
+      pieces.reserve(last_keys);
       reqs.reserve(last_keys);
     }
   };
@@ -111,18 +114,16 @@ class fusion {
     if (p.reqs.empty()) return;
     const std::size_t keys = p.reqs.size();
     p.last_keys = keys;
-    p.last_values = p.values.size();
     transport::out_frame f;
-    f.h = wire::batch_header(wire::cmd::batch_push, dtype, keys, p.values.size(), p.priority,
+    f.h = wire::batch_header(wire::cmd::batch_push, dtype, keys, p.values, p.priority,
                              /*has_data=*/false, /*each=*/true);
-    auto buf = std::make_shared<std::vector<T>>(std::move(p.values));
-    f.payload = reinterpret_cast<const std::byte*>(buf->data());
-    f.payload_len = buf->size() * sizeof(T);
-    f.keep = buf;
+    f.payload_len = p.values * sizeof(T);
+    f.pieces = std::move(p.pieces);
     f.meta = std::move(p.meta);
     std::vector<worker_client::request> reqs = std::move(p.reqs);
     p.meta.clear();
-    p.values = {};
+    p.pieces.clear();
+    p.values = 0;
     p.reqs.clear();
     // Sent without the lock: a refused send completes the ops here, and a completion may run a
     // key's next push, which comes back to push(). Two frames to one server may then leave in

@@ -108,7 +108,8 @@ class connection : public std::enable_shared_from_this<connection> {
   /// the socket at once from the calling thread (one non-blocking sendmsg, no hand-off to the io
   /// thread); what the socket does not take at once is finished by the io thread. Callers pass
   /// it for latency-bound sends (nothing else in flight), not for bursts, which the io thread
-  /// gathers into fewer, larger writes.
+  /// gathers into fewer, larger writes. A frame in pieces (out_frame::pieces) always goes
+  /// through the io thread.
   void send(out_frame&& f, bool may_write_now = false) {
     f.h.payload_len = f.payload_len;
     f.h.meta_len = static_cast<std::uint32_t>(f.meta.size());
@@ -117,7 +118,8 @@ class connection : public std::enable_shared_from_this<connection> {
       std::lock_guard lk(qm_);
       if (closed_) return;
       // authed_ is stored after tls_ is set, so tls_ is safe to read once authed_ is seen true.
-      if (may_write_now && !writing_ && queue_.empty() && authed_.load() && !tls_) {
+      if (may_write_now && f.pieces.empty() && !writing_ && queue_.empty() && authed_.load() &&
+          !tls_) {
         const std::size_t sent = write_now(f);
         if (sent == wire::header_size + f.meta.size() + f.payload_len) return;
         // The rest goes first, from the io thread.
@@ -414,10 +416,7 @@ class connection : public std::enable_shared_from_this<connection> {
         // Without a sink of the owner's, the connection's own buffer grows as the bytes arrive:
         // a header's word alone allocates nothing.
         own_sink_ = sink_.size() != cur_.payload_len;
-        if (own_sink_) {
-          own_.clear();
-          sink_ = {};
-        }
+        if (own_sink_) sink_ = {};
         got_ = 0;
         stage_ = stage::payload;
         continue;
@@ -437,7 +436,7 @@ class connection : public std::enable_shared_from_this<connection> {
         if (own_sink_) {
           grow_own(
               std::min<std::uint64_t>(cur_.payload_len, got_ + std::max(got_, read_buffer_size)));
-          chunk = own_.size() - got_;
+          chunk = sink_.size() - got_;
         }
         io([&](auto& st) {
           asio::async_read(
@@ -455,9 +454,12 @@ class connection : public std::enable_shared_from_this<connection> {
     }
   }
 
+  // The first n bytes of own_ become the sink. own_ keeps its size from frame to frame (up to
+  // 4 MiB, deliver()), so only bytes it never had are zeroed: cleared and grown again, it was
+  // zeroed whole for every frame (1.2% of a 1 x 1 cluster pushing fused 4 KiB keys).
   void grow_own(std::size_t n) {
     if (own_.size() < n) own_.resize(n);
-    sink_ = std::span<std::byte>(own_.data(), own_.size());
+    sink_ = std::span<std::byte>(own_.data(), n);
   }
 
   void deliver() {
@@ -554,7 +556,10 @@ class connection : public std::enable_shared_from_this<connection> {
       hdrs_[i] = wire::encode(f.h);
       bufs.emplace_back(hdrs_[i].data(), hdrs_[i].size());
       if (!f.meta.empty()) bufs.emplace_back(f.meta.data(), f.meta.size());
-      if (f.payload_len) bufs.emplace_back(f.payload, f.payload_len);
+      if (!f.pieces.empty())
+        for (auto piece : f.pieces) bufs.emplace_back(piece.data(), piece.size());
+      else if (f.payload_len)
+        bufs.emplace_back(f.payload, f.payload_len);
     }
     if (skip) {
       // Drop the bytes write_now already sent.
