@@ -220,7 +220,9 @@ class KVStore<dist, T> {
     record* m = find(call_kind::push, k, value.size());
     return submit(
         m, priority,
-        [this, m, value, priority](auto done) { push_one(*m, value, priority, std::move(done)); },
+        [this, m, value, priority](auto done, detail::pipelined_run& run) {
+          run.held_back = push_one(*m, value, priority, std::move(done), run.behind_stream);
+        },
         nullptr, pipelines(*m, false));
   }
   /// Several devices' values of one key: summed here first, so one message per key leaves.
@@ -729,8 +731,14 @@ class KVStore<dist, T> {
             bool pipelined = false) {
     const bool fresh = !st;
     if (!st) st = new_state(1);
-    // Kept in the engine's op itself (engine_op_of), not in a std::function of its own.
-    auto task = [f = std::forward<F>(f)](detail::engine::done_fn done) { f(std::move(done)); };
+    // Kept in the engine's op itself (engine_op_of), not in a std::function of its own. A
+    // pipelined push's f also takes the run's pipelined_run (push_one).
+    auto task = [f = std::forward<F>(f)](detail::engine::done_fn done, detail::pipelined_run& run) {
+      if constexpr (std::is_invocable_v<F&, detail::engine::done_fn, detail::pipelined_run&>)
+        f(std::move(done), run);
+      else
+        f(std::move(done));
+    };
     if (pipelined)
       impl_->eng.submit_pipelined(m->queue, priority, std::move(task), st, /*may_run_inline=*/true);
     else
@@ -744,17 +752,18 @@ class KVStore<dist, T> {
 
   // Whether a one-key push (pull false) or pull of m streams behind the key's earlier ops
   // (dist_options::pipeline_depth): its task writes one frame per server, in order, and nothing
-  // may reorder them later. Not with a re-send after a server restart (server_restart_wait),
-  // not a push that fusion may hold back (fuse_bytes), not a compressed push (its key's encode
-  // buffer is reused), not a pull a server may hold for staleness (a later push would overtake
-  // it), and not a value of several frames (bandwidth, not round trips, bounds those).
+  // may reorder them later (a push that fusion holds back keeps its key until answered instead:
+  // push_one). Not with a re-send after a server restart (server_restart_wait), not a
+  // compressed push (its key's encode buffer is reused), not a pull a server may hold for
+  // staleness (a later push would overtake it), and not a value of several frames (bandwidth,
+  // not round trips, bounds those).
   bool pipelines(const record& m, bool pull) const {
     const dist_options& o = impl_->opts;
     if (o.pipeline_depth < 2 || o.server_restart_wait.count() > 0 ||
         m.total > std::min(o.chunk_bytes, max_pipelined_bytes) / sizeof(T))
       return false;
     if (pull) return o.sync || !o.staleness;
-    return o.fuse_bytes == 0 && impl_->reqs.travels_plain(m, false);
+    return impl_->reqs.travels_plain(m, false);
   }
 
   // A multi-key call split (client/multi_key.hpp): every key found and checked, the first bad
@@ -802,13 +811,16 @@ class KVStore<dist, T> {
   }
 
   // One push of key m: fused with other small pushes to its server while that link is busy
-  // (client/fusion.hpp), else sent now.
-  void push_one(record& m, std::span<const T> value, int priority,
-                detail::op_state::continuation done) {
-    if (detail::batches<T>::small(m) && impl_->reqs.travels_plain(m, false) &&
+  // (client/fusion.hpp), else sent now. Returns whether it was held back to be fused. A push
+  // behind an op of its key still on the wire (back to back on one key) is sent now: it streams
+  // behind that op, where a fused one would hold its key until answered.
+  bool push_one(record& m, std::span<const T> value, int priority,
+                detail::op_state::continuation done, bool behind_stream = false) {
+    if (!behind_stream && detail::batches<T>::small(m) && impl_->reqs.travels_plain(m, false) &&
         impl_->fuse.push(m, value, priority, done))
-      return;
+      return true;
     impl_->reqs.push(m, value, priority, std::move(done));
+    return false;
   }
 
   op submit_summed(record* m, std::vector<std::span<const T>> srcs, int priority,

@@ -146,3 +146,39 @@ TEST_CASE("per-key order: a pull issued after fused pushes sees them" * doctest:
                 std::vector<float>{static_cast<float>(k), static_cast<float>(i)});
   });
 }
+
+TEST_CASE("per-key order: pushes of one key back to back stream while other keys' are fused" *
+          doctest::timeout(60)) {
+  // Key 0 is pushed back to back, each push between pushes of other keys that fuse while the
+  // link is busy. A push of key 0 behind one of its own still on the wire streams; one that was
+  // fused holds key 0 until answered, so a pull of key 0 never overtakes it (engine
+  // pipelined_run). dist_async without an optimizer: a push stores its value.
+  auto o = kvtest::test_options(1, 1, /*sync=*/false);
+  o.fuse_time = std::chrono::microseconds(1000);  // the default fuse_bytes: on
+  kvtest::cluster c(o);
+  c.run_workers([&](KVStore<dist>& kv) {
+    constexpr int others = 16, n = 400, every = 10;
+    for (int k = 0; k <= others; ++k) kv.init(k, filled(1, -1.0f));
+    std::vector<float> vals(n);
+    for (int i = 0; i < n; ++i) vals[static_cast<std::size_t>(i)] = static_cast<float>(i);
+    std::vector<std::vector<float>> outs(n / every, std::vector<float>(1));
+    std::vector<kvstore::op> pulls;
+    for (int i = 0; i < n; ++i) {
+      const std::span<const float> v(&vals[static_cast<std::size_t>(i)], 1);
+      kv.push(0, v);
+      kv.push(1 + i % others, v);
+      if (i % every == every - 1)
+        pulls.push_back(kv.pull(0, outs[static_cast<std::size_t>(i / every)]));
+    }
+    for (auto& p : pulls) p.wait();
+    kv.wait_all();
+    for (int j = 0; j < n / every; ++j)
+      REQUIRE(outs[static_cast<std::size_t>(j)][0] == static_cast<float>(j * every + every - 1));
+    std::vector<float> out(1);
+    for (int k = 0; k <= others; ++k) {
+      kv.pull(k, out).wait();
+      const int last = k == 0 ? n - 1 : n - others + (k - 1);  // the last i with 1 + i % 16 == k
+      CHECK(out[0] == static_cast<float>(last));
+    }
+  });
+}

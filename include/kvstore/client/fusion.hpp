@@ -91,12 +91,12 @@ class fusion {
 
  private:
   struct pending {
-    std::string meta;  // the entries (wire::put_batch_entry)
+    std::string meta;                                // the entries (wire::put_batch_entry)
     std::vector<std::span<const std::byte>> pieces;  // each key's value, in entry order
     std::size_t values = 0;                          // elements in pieces, together
     std::vector<worker_client::request> reqs;
     int priority = 0;
-    bool timer = false;          // a flush is due within fuse_time
+    bool timer = false;         // a flush is due within fuse_time
     std::size_t last_keys = 0;  // the previous frame's
 
     // A frame's lists sized before its first push, as the previous frame needed them: grown

@@ -5,7 +5,8 @@
 // it holds them all, so per-key issue order holds across batched and single-key ops.
 // A pipelined op (a request whose order the connection keeps) lets its key go as soon as its task
 // returns, not when it completes: back-to-back ops on one key stream instead of waiting a round
-// trip each. Ops that are not pipelined wait until no op of their key streams.
+// trip each (unless its task held its request back: pipelined_run). Ops that are not pipelined
+// wait until no op of their key streams.
 // An op over many keys that no later op waits behind lets its keys go lazily: its finish marks
 // it done, and each key goes free when next touched (engine/key_slot.hpp's key_hold); the next
 // op over exactly those keys, none touched since, renews that hold and touches none of them.
@@ -39,6 +40,16 @@ using engine_done_fn = std::function<void(std::exception_ptr)>;
 /// A task: does its work, then (now or later, from any thread) calls done exactly once.
 using engine_task_fn = std::function<void(engine_done_fn)>;
 
+/// What a pipelined one-key op's task learns of its run and may answer. behind_stream: an earlier
+/// op of its key is still on the wire. held_back: set by the task when it left its request
+/// waiting instead of queuing it on a connection (small-key fusion, client/fusion.hpp); its key
+/// then waits for its answer, as a non-pipelined op's does, so no later op of the key overtakes
+/// it.
+struct pipelined_run {
+  bool behind_stream = false;
+  bool held_back = false;
+};
+
 /// One queued op: the op state it completes, and its keys' links; its task is engine_op_of's.
 struct engine_op {
   engine_op(int p, std::shared_ptr<op_state> s) : priority(p), part(std::move(s)) {}
@@ -62,6 +73,7 @@ struct engine_op {
   bool pipelined = false;           // lets its keys go when its task returns (submit_pipelined)
   key_hold* hold = nullptr;         // a many-key op's: its keys go free lazily (key_slot.hpp)
   bool passed = false;              // let its keys go (engine lock)
+  pipelined_run run_info;           // behind_stream set when it takes its key (engine lock)
   std::atomic<int> refs{2};         // the running task and its done: freed after both
   std::atomic<bool> called{false};  // done ran (a task may only complete once)
   key_link* links() noexcept { return many ? many.get() : &one; }
@@ -76,7 +88,12 @@ struct engine_op_of final : engine_op {
                 "the block pool aligns as operator new does");
   engine_op_of(int p, Task t, std::shared_ptr<op_state> s)
       : engine_op(p, std::move(s)), task(std::move(t)) {}
-  void run(const engine_done_fn& done) override { (*task)(done); }
+  void run(const engine_done_fn& done) override {
+    if constexpr (std::is_invocable_v<Task&, const engine_done_fn&, pipelined_run&>)
+      (*task)(done, run_info);
+    else
+      (*task)(done);
+  }
   void drop_task() noexcept override { task.reset(); }
   std::optional<Task> task;
 };
@@ -344,6 +361,7 @@ class engine {
 
   // `op` holds `slot` now (m_ held); through its hold, if it has one.
   static void take(engine_op* op, key_slot& slot) {
+    op->run_info.behind_stream = slot.streaming > 0;
     slot.held = true;
     if (!op->hold) return;
     slot.lazy = op->hold;
@@ -425,7 +443,7 @@ class engine {
       done(std::current_exception());
     }
     op->drop_task();  // what it captured goes now, as the op may complete much later
-    if (op->pipelined) let_go(op);
+    if (op->pipelined && !op->run_info.held_back) let_go(op);
     release(op);
   }
 
