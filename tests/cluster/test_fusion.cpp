@@ -154,7 +154,8 @@ TEST_CASE("per-key order: pushes of one key back to back stream while other keys
   // fused holds key 0 until answered, so a pull of key 0 never overtakes it (engine
   // pipelined_run). dist_async without an optimizer: a push stores its value.
   auto o = kvtest::test_options(1, 1, /*sync=*/false);
-  o.fuse_time = std::chrono::microseconds(1000);  // the default fuse_bytes: on
+  o.fuse_bytes = 64 << 10;
+  o.fuse_time = std::chrono::microseconds(1000);
   kvtest::cluster c(o);
   c.run_workers([&](KVStore<dist>& kv) {
     constexpr int others = 16, n = 400, every = 10;
