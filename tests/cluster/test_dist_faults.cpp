@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include "support/byte_pipe.hpp"
 #include "support/cluster.hpp"
 #include "support/helpers.hpp"
 #include "support/process.hpp"
@@ -18,7 +19,6 @@
 
 #include <boost/asio.hpp>
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -83,40 +83,23 @@ class lossy_link {
   int accepted() const { return accepted_; }
 
  private:
-  using socket_ptr = std::shared_ptr<tcp::socket>;
   void accept_next() {
     auto a = std::make_shared<tcp::socket>(io_);
     acc_.async_accept(*a, [this, a](boost::system::error_code ec) {
       if (ec) return;
       if (accepted_++ < lost_) {
-        copy(a, nullptr);  // read and dropped
+        kvtest::pipe_bytes(a, nullptr);  // read and dropped
       } else {
         auto b = std::make_shared<tcp::socket>(io_);
         b->connect({asio::ip::make_address("127.0.0.1"), port_}, ec);
         if (!ec) {
-          copy(a, b);
-          copy(b, a);
+          kvtest::pipe_bytes(a, b);
+          kvtest::pipe_bytes(b, a);
         }
       }
       accept_next();
     });
   }
-  // Copies what `from` reads to `to` (nowhere when null) until either side closes.
-  static void copy(socket_ptr from, socket_ptr to) {
-    auto buf = std::make_shared<std::array<char, 16384>>();
-    from->async_read_some(asio::buffer(*buf),
-                          [from, to, buf](boost::system::error_code ec, std::size_t n) {
-                            boost::system::error_code wec;
-                            if (!ec && to) asio::write(*to, asio::buffer(*buf, n), wec);
-                            if (ec || wec) {
-                              from->close(wec);
-                              if (to) to->close(wec);
-                              return;
-                            }
-                            copy(from, to);
-                          });
-  }
-
   std::uint16_t port_;
   int lost_;
   std::atomic<int> accepted_{0};

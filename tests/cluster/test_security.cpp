@@ -5,11 +5,11 @@
 
 #include <doctest/doctest.h>
 
+#include "support/byte_pipe.hpp"
 #include "support/cluster.hpp"
 
 #include <boost/asio.hpp>
 
-#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -200,13 +200,13 @@ struct relay {
   explicit relay(std::uint16_t target) {
     t = std::thread([this, target] {
       boost::system::error_code ec;
-      tcp::socket a{io}, b{io};
-      acc.accept(a, ec);
+      auto a = std::make_shared<tcp::socket>(io), b = std::make_shared<tcp::socket>(io);
+      acc.accept(*a, ec);
       if (ec) return;
-      b.connect({asio::ip::make_address("127.0.0.1"), target}, ec);
+      b->connect({asio::ip::make_address("127.0.0.1"), target}, ec);
       if (ec) return;
-      pipe(a, b);
-      pipe(b, a);
+      kvtest::pipe_bytes(a, b);
+      kvtest::pipe_bytes(b, a);
       io.run_for(8s);
     });
   }
@@ -215,17 +215,6 @@ struct relay {
     t.join();
   }
   std::uint16_t port() const { return acc.local_endpoint().port(); }
-  // Copies what `from` reads to `to` until either side closes.
-  static void pipe(tcp::socket& from, tcp::socket& to) {
-    auto buf = std::make_shared<std::array<char, 4096>>();
-    from.async_read_some(asio::buffer(*buf), [&from, &to, buf](auto ec, std::size_t n) {
-      if (ec) return to.close();
-      boost::system::error_code wec;
-      asio::write(to, asio::buffer(*buf, n), wec);
-      if (wec) return from.close();
-      pipe(from, to);
-    });
-  }
 };
 
 // A fake scheduler without the token: it challenges the worker like the real one, takes its
