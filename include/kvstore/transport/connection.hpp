@@ -75,6 +75,9 @@ class connection : public std::enable_shared_from_this<connection> {
   /// Read buffer before the peer is proven (the handshake's frames fit) and after.
   static constexpr std::size_t handshake_buffer_size = 512;
   static constexpr std::size_t read_buffer_size = std::size_t{64} << 10;
+  /// A payload's rest of at most this many bytes is read through the read buffer, not
+  /// straight into its sink.
+  static constexpr std::size_t small_rest_bytes = std::size_t{8} << 10;
 
   connection(tcp::socket sock, frame_handler& handler, wire::limits lim, security sec,
              std::size_t gather_bytes = std::size_t{1} << 20)
@@ -383,11 +386,9 @@ class connection : public std::enable_shared_from_this<connection> {
           return;
         }
         if (avail < wire::header_size) {
-          if (rbeg_ > 0 && rbuf_.size() - rbeg_ < wire::header_size) {
-            std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, avail);
-            rend_ = avail;
-            rbeg_ = 0;
-          }
+          // The few bytes left move to the front, so the next read has the whole buffer: read
+          // into what was left of it, a busy link took two or three reads per 64 KiB.
+          restart_buffer(avail);
           return read_more();
         }
         std::string why;
@@ -403,7 +404,10 @@ class connection : public std::enable_shared_from_this<connection> {
         std::size_t take = std::min(want, avail);
         if (take) meta_.append(reinterpret_cast<const char*>(rbuf_.data() + rbeg_), take);
         rbeg_ += take;
-        if (meta_.size() < cur_.meta_len) return read_more();
+        if (meta_.size() < cur_.meta_len) {
+          restart_buffer(0);  // all of it was taken into meta_
+          return read_more();
+        }
         // Meta complete: choose the payload's destination.
         sink_ = {};
         if (proven_) {
@@ -429,9 +433,12 @@ class connection : public std::enable_shared_from_this<connection> {
       rbeg_ += take;
       got_ += take;
       if (got_ < cur_.payload_len) {
+        rbeg_ = rend_ = 0;
+        // A small rest comes through the buffer, with the frames behind it: read alone, it cost
+        // a read per frame where one read takes several (a copy of a few KiB costs less).
+        if (cur_.payload_len - got_ <= small_rest_bytes) return read_more();
         // The rest goes straight into the sink, no staging copy; the own buffer at most doubles
         // per read, so it never holds much more than what arrived.
-        rbeg_ = rend_ = 0;
         std::size_t chunk = cur_.payload_len - got_;
         if (own_sink_) {
           grow_own(
@@ -452,6 +459,14 @@ class connection : public std::enable_shared_from_this<connection> {
       }
       deliver();
     }
+  }
+
+  // The buffer's last n unparsed bytes move to its front (n < a header: a short move).
+  void restart_buffer(std::size_t n) {
+    if (rbeg_ == 0) return;
+    std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, n);
+    rend_ = n;
+    rbeg_ = 0;
   }
 
   // The first n bytes of own_ become the sink. own_ keeps its size from frame to frame (up to

@@ -1,0 +1,218 @@
+// How a connection reads frames that arrive in pieces: through a relay that cuts the byte stream
+// at odd places (inside headers, meta and payloads) and pauses between pieces, every frame of a
+// stream of mixed sizes (empty to 300 KB, around the read buffer's small_rest_bytes, and many
+// small ones) arrives whole and in order, into the owner's sink or the connection's own buffer.
+#include <kvstore/transport/connection.hpp>  // first: the header is self-contained
+
+#include <doctest/doctest.h>
+
+#include <boost/asio.hpp>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using namespace std::chrono_literals;
+namespace transport = kvstore::transport;
+namespace wire = kvstore::wire;
+
+namespace {
+
+constexpr std::size_t small_rest = transport::connection::small_rest_bytes;
+
+// Payload sizes: empty, tiny, on either side of small_rest_bytes, and past the 64 KiB buffer.
+const std::vector<std::size_t> sizes = {
+    0,     1,     100,   4095,  4096,  small_rest - 1, small_rest, small_rest + 1, small_rest + 100,
+    12000, 16384, 65535, 65536, 70000, 300000};
+
+std::byte byte_of(std::size_t frame, std::size_t at) {
+  return static_cast<std::byte>((frame * 131 + at * 7 + (at >> 8)) & 0xff);
+}
+std::string meta_of(std::size_t frame) {
+  return std::string((frame * 37) % 300, static_cast<char>('a' + frame % 26));
+}
+
+// Forwards what it reads from `from` to `to` in pieces of 1 to 9,000 bytes, pausing after each,
+// so the reader sees frames cut everywhere.
+void chop(tcp::socket& from, tcp::socket& to, std::atomic<bool>& stop) {
+  static constexpr std::array<std::size_t, 9> pieces = {1, 7, 23, 100, 1000, 3000, 5000, 9000, 31};
+  std::vector<char> buf(std::size_t{64} << 10);
+  std::size_t turn = 0;
+  boost::system::error_code ec;
+  while (!stop) {
+    const std::size_t n = from.read_some(asio::buffer(buf), ec);
+    if (ec) return;
+    for (std::size_t at = 0; at < n && !ec;) {
+      const std::size_t k = std::min(n - at, pieces[turn++ % pieces.size()]);
+      asio::write(to, asio::buffer(buf.data() + at, k), ec);
+      at += k;
+      // Long enough for the reader to take the piece alone (the pieces add up to ~2 MB).
+      std::this_thread::sleep_for(500us);
+    }
+    if (ec) return;
+  }
+}
+
+struct frame_seen {
+  wire::header h;
+  std::string meta;
+  std::vector<std::byte> payload;
+};
+
+// The accepting end: odd frames (aux 1) are read into a sink of its own, even ones into the
+// connection's buffer; it keeps a copy of each frame.
+class receiver final : public transport::frame_handler {
+ public:
+  std::span<std::byte> payload_sink(transport::connection&, const wire::header& h) override {
+    if (h.aux != 1) return {};
+    sink_.assign(h.payload_len, std::byte{0});
+    return sink_;
+  }
+  void on_frame(transport::connection&, const wire::header& h, std::string meta,
+                std::span<const std::byte> payload) override {
+    if (h.aux == 1 && payload.data() != sink_.data()) wrong_sink_ = true;
+    std::lock_guard lk(m_);
+    seen_.push_back({h, std::move(meta), {payload.begin(), payload.end()}});
+  }
+  void on_close(transport::connection&, const std::string& why) override {
+    std::lock_guard lk(m_);
+    closed_ = why;
+  }
+  std::size_t count() {
+    std::lock_guard lk(m_);
+    return seen_.size();
+  }
+  std::vector<frame_seen> seen() {
+    std::lock_guard lk(m_);
+    return seen_;
+  }
+  std::string closed() {
+    std::lock_guard lk(m_);
+    return closed_;
+  }
+  std::atomic<bool> wrong_sink_{false};
+
+ private:
+  std::vector<std::byte> sink_;  // the io thread's only
+  std::mutex m_;
+  std::vector<frame_seen> seen_;
+  std::string closed_;
+};
+
+class sender final : public transport::frame_handler {
+ public:
+  void on_frame(transport::connection&, const wire::header&, std::string,
+                std::span<const std::byte>) override {}
+  void on_close(transport::connection&, const std::string&) override {}
+};
+
+kvstore::transport_security security_of(bool acceptor) {
+  kvstore::transport_security s;
+  s.token = "connection-reads";
+  s.acceptor = acceptor;
+  s.bind_address = false;  // the relay stands between the two ends
+  s.handshake_timeout = 5'000ms;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("frames cut anywhere by the link arrive whole and in order" * doctest::timeout(120)) {
+  asio::io_context io;
+  auto work = asio::make_work_guard(io);
+  tcp::acceptor server_side(io, {asio::ip::make_address("127.0.0.1"), 0});
+  tcp::acceptor relay_side(io, {asio::ip::make_address("127.0.0.1"), 0});
+
+  // sender -> relay_side (chopped) -> server_side; the way back is passed on whole.
+  tcp::socket to_relay(io), relay_in(io), relay_out(io), at_server(io);
+  to_relay.connect(relay_side.local_endpoint());
+  relay_side.accept(relay_in);
+  relay_out.connect(server_side.local_endpoint());
+  server_side.accept(at_server);
+  // Each piece its own segment, at once (Nagle would hold the small ones back).
+  relay_in.set_option(tcp::no_delay(true));
+  relay_out.set_option(tcp::no_delay(true));
+
+  std::atomic<bool> stop{false};
+  std::thread forward([&] { chop(relay_in, relay_out, stop); });
+  std::thread backward([&] {
+    std::vector<char> buf(4096);
+    boost::system::error_code ec;
+    while (!stop) {
+      const std::size_t n = relay_out.read_some(asio::buffer(buf), ec);
+      if (ec) return;
+      asio::write(relay_in, asio::buffer(buf.data(), n), ec);
+      if (ec) return;
+    }
+  });
+
+  receiver rx;
+  sender tx;
+  auto rconn = std::make_shared<transport::connection>(std::move(at_server), rx, wire::limits{},
+                                                       security_of(true));
+  auto sconn = std::make_shared<transport::connection>(std::move(to_relay), tx, wire::limits{},
+                                                       security_of(false));
+  std::thread runner([&] { io.run(); });
+  rconn->start();
+  sconn->start();
+
+  // Three passes over the sizes, then many small frames (so that a read ends inside a header
+  // behind whole frames), each frame with its own meta length and bytes; the payloads live
+  // until the end of the test (a frame's payload is the caller's until written).
+  constexpr std::size_t passes = 3, small_frames = 400;
+  const std::size_t sized = passes * sizes.size(), frames = sized + small_frames;
+  std::vector<std::vector<std::byte>> payloads(frames);
+  for (std::size_t i = 0; i < frames; ++i) {
+    auto& p = payloads[i];
+    p.resize(i < sized ? sizes[i % sizes.size()] : (i * 53) % 400);
+    for (std::size_t j = 0; j < p.size(); ++j) p[j] = byte_of(i, j);
+    transport::out_frame f;
+    f.h.command = wire::cmd::push;
+    f.h.req_id = i + 1;
+    f.h.aux = (i / sizes.size()) % 2 == 0 ? i % 2 : 1 - i % 2;  // each size both ways
+    f.meta = meta_of(i);
+    f.payload = p.data();
+    f.payload_len = p.size();
+    sconn->send(std::move(f));
+  }
+
+  for (int i = 0; i < 6000 && rx.count() < frames && rx.closed().empty(); ++i)
+    std::this_thread::sleep_for(10ms);
+  const auto seen = rx.seen();
+  INFO("receiver closed: " << rx.closed());
+  REQUIRE(seen.size() == frames);
+  CHECK_FALSE(rx.wrong_sink_.load());
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < frames; ++i) {
+    const auto& s = seen[i];
+    CAPTURE(i);
+    CHECK(s.h.req_id == i + 1);
+    CHECK(s.meta == meta_of(i));
+    if (s.payload != payloads[i]) ++wrong;
+  }
+  CHECK(wrong == 0);
+
+  stop = true;
+  rconn->close("test over");
+  sconn->close("test over");
+  std::this_thread::sleep_for(50ms);
+  boost::system::error_code ec;
+  relay_in.shutdown(tcp::socket::shutdown_both, ec);
+  relay_out.shutdown(tcp::socket::shutdown_both, ec);
+  relay_in.close(ec);
+  relay_out.close(ec);
+  forward.join();
+  backward.join();
+  work.reset();
+  io.stop();
+  runner.join();
+}
