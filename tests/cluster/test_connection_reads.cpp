@@ -201,17 +201,18 @@ TEST_CASE("frames cut anywhere by the link arrive whole and in order" * doctest:
   }
   CHECK(wrong == 0);
 
+  // The relay's sockets are shut down (which wakes its blocked reads), and closed only once its
+  // threads are gone: a close beside a thread's read would race on the descriptor.
   stop = true;
-  rconn->close("test over");
-  sconn->close("test over");
-  std::this_thread::sleep_for(50ms);
   boost::system::error_code ec;
   relay_in.shutdown(tcp::socket::shutdown_both, ec);
   relay_out.shutdown(tcp::socket::shutdown_both, ec);
-  relay_in.close(ec);
-  relay_out.close(ec);
   forward.join();
   backward.join();
+  relay_in.close(ec);
+  relay_out.close(ec);
+  rconn->close("test over");
+  sconn->close("test over");
   work.reset();
   io.stop();
   runner.join();
