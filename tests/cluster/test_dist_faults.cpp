@@ -65,8 +65,9 @@ using kvtest::hdr;
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-// A lossy link in front of a server: listens at 127.0.0.2:port for the server at 127.0.0.1:port
-// (the address its book entry names, dist_options::advertise_host). The first `lost` connections
+// A lossy link in front of a server or the scheduler: listens at 127.0.0.2:port for the node at
+// 127.0.0.1:port (a server's book entry names it with dist_options::advertise_host; a worker
+// dials the scheduler there with scheduler_host). The first `lost` connections
 // are taken and every byte on them dropped, as when a link loses the handshake's packets; later
 // ones are relayed both ways.
 class lossy_link {
@@ -150,44 +151,84 @@ TEST_CASE("a scheduler address that can never resolve fails at once, not at the 
   }
 }
 
+namespace {
+
+// Worker w joins through a lossy_link in front of port `port` that takes the first two
+// connections: each handshake waits out handshake_timeout, the third gets through, and the
+// worker trains one round.
+void join_after_two_lost(const kvstore::dist_options& w, std::uint16_t port) {
+  lossy_link link(port, 2);
+  const auto t0 = clk::now();
+  {
+    KVStore<dist> kv(w);
+    kv.init(1, filled(4, 0.0f));
+    kv.set_optimizer(kvstore::optim::sgd{.learning_rate = -1.0});
+    kv.push(1, filled(4, 2.0f)).wait();
+    std::vector<float> out(4);
+    kv.pull(1, out).wait();
+    CHECK(out == filled(4, 2.0f));
+  }
+  CHECK(link.accepted() == 3);
+  CHECK(seconds_since(t0) >= 0.6);  // each lost handshake waited out handshake_timeout
+}
+
+// Worker w, in front of whose `node` at port `port` every connection is lost: its join fails by
+// connect_timeout, naming the node and why.
+void join_fails_all_lost(kvstore::dist_options w, std::uint16_t port, const char* node) {
+  lossy_link link(port, 1000);
+  w.connect_timeout = 1500ms;
+  const auto t0 = clk::now();
+  expect_error([&] { KVStore<dist> kv(w); }, errc::unreachable,
+               {node, "closed during its handshake", "no authentication within 300 ms", "attempt"});
+  const double took = seconds_since(t0);
+  MESSAGE("failed after " << took << " s and " << link.accepted() << " connections");
+  CHECK(link.accepted() >= 2);
+  CHECK(took < 1.5 + 0.3 + 1.0);
+}
+
+// The worker of 1 x 1 cluster options `cluster`, with a handshake_timeout short enough that each
+// lost handshake costs 300 ms.
+kvstore::dist_options relayed_worker(const kvstore::dist_options& cluster) {
+  auto w = cluster;
+  w.role = kvstore::role::worker;
+  w.rank_hint = 0;
+  w.handshake_timeout = 300ms;
+  return w;
+}
+
+}  // namespace
+
 TEST_CASE(
     "a server handshake the link cut short: the worker's join connects again and trains; "
     "past connect_timeout it fails naming the server and why" *
     doctest::timeout(60)) {
   auto o = kvtest::test_options(1, 1);
-  o.advertise_host = "127.0.0.2";  // the servers' book entries: the lossy link below
+  o.advertise_host = "127.0.0.2";  // the servers' book entries: the lossy link
   o.auth_bind_address = false;     // a relayed connection's proof names the relay's address
   kvtest::cluster c(o);
-  auto w = c.options();
-  w.role = kvstore::role::worker;
-  w.rank_hint = 0;
-  w.handshake_timeout = 300ms;
+  const auto w = relayed_worker(c.options());
   SUBCASE("two handshakes lost, the third gets through") {
-    lossy_link link(c.server(0).port(), 2);
-    const auto t0 = clk::now();
-    {
-      KVStore<dist> kv(w);
-      kv.init(1, filled(4, 0.0f));
-      kv.set_optimizer(kvstore::optim::sgd{.learning_rate = -1.0});
-      kv.push(1, filled(4, 2.0f)).wait();
-      std::vector<float> out(4);
-      kv.pull(1, out).wait();
-      CHECK(out == filled(4, 2.0f));
-    }
-    CHECK(link.accepted() == 3);
-    CHECK(seconds_since(t0) >= 0.6);  // each lost handshake waited out handshake_timeout
+    join_after_two_lost(w, c.server(0).port());
   }
   SUBCASE("every handshake lost: join fails by connect_timeout, naming the server and why") {
-    lossy_link link(c.server(0).port(), 1000);
-    w.connect_timeout = 1500ms;
-    const auto t0 = clk::now();
-    expect_error([&] { KVStore<dist> kv(w); }, errc::unreachable,
-                 {"server 0 (node 8)", "closed during its handshake",
-                  "no authentication within 300 ms", "attempt"});
-    const double took = seconds_since(t0);
-    MESSAGE("failed after " << took << " s and " << link.accepted() << " connections");
-    CHECK(link.accepted() >= 2);
-    CHECK(took < 1.5 + 0.3 + 1.0);
+    join_fails_all_lost(w, c.server(0).port(), "server 0 (node 8)");
+  }
+}
+
+TEST_CASE(
+    "a scheduler handshake the link cut short: the worker's join connects again and trains; "
+    "past connect_timeout it fails naming the scheduler and why" *
+    doctest::timeout(60)) {
+  auto o = kvtest::test_options(1, 1);
+  o.auth_bind_address = false;  // a relayed connection's proof names the relay's address
+  kvtest::cluster c(o);
+  auto w = relayed_worker(c.options());
+  w.scheduler_host = "127.0.0.2";  // the lossy link, in front of the scheduler
+  SUBCASE("two handshakes lost, the third gets through") {
+    join_after_two_lost(w, w.scheduler_port);
+  }
+  SUBCASE("every handshake lost: join fails by connect_timeout, naming the scheduler and why") {
+    join_fails_all_lost(w, w.scheduler_port, "scheduler (node 1)");
   }
 }
 

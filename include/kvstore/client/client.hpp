@@ -258,11 +258,7 @@ class worker_client final : public transport::frame_handler {
 
   void join() {
     transport::tls_context(opts_.security(false));  // a bad TLS file is an error now, not later
-    auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
-                                              opts_.connect_timeout, "the scheduler");
-    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, small_limits(),
-                                                     worker_security(role::scheduler));
-    sched_->start();
+    join_scheduler();
     transport::out_frame f;
     f.h = wire::plain(wire::cmd::reg);
     f.meta = wire::encode_registration({role::worker, opts_.rank_hint, own_.host, own_.port,
@@ -280,10 +276,36 @@ class worker_client final : public transport::frame_handler {
     who_ = "worker " + std::to_string(rank_);
   }
 
-  // Connects to server s and queues this worker's hello on it. A handshake that the link cut
-  // short is tried again on a new connection until connect_timeout: on a slow, lossy link it
-  // can outlast handshake_timeout (two lost SYNs alone take 3 s). A refusal is final.
+  // Connects to the scheduler and waits for the token handshake, tried again as a server's
+  // (join_server): the scheduler's link can be the same slow, lossy one.
+  void join_scheduler() {
+    join_node(scheduler_id, opts_.scheduler_host, opts_.scheduler_port,
+              [this](transport::tcp::socket sock, std::function<void(hello_outcome)> then) {
+                auto c = std::make_shared<transport::connection>(
+                    std::move(sock), *this, small_limits(), worker_security(role::scheduler));
+                {
+                  std::lock_guard lk(m_);
+                  sched_ = c;
+                  hellos_[c.get()] = {c, scheduler_id, std::move(then), /*joining=*/true};
+                }
+                c->start();
+              });
+  }
+
+  // Connects to server s and queues this worker's hello on it.
   void join_server(server_ref& s) {
+    join_node(s.id, s.host, s.port,
+              [this, &s](transport::tcp::socket sock, std::function<void(hello_outcome)> then) {
+                attach(s, std::move(sock), std::move(then), /*joining=*/true);
+              });
+  }
+
+  // Connects to node `id` and has open(socket, then) start the connection on the io thread;
+  // then() reports how its handshake ended. A handshake that the link cut short is tried again
+  // on a new connection until connect_timeout: on a slow, lossy link it can outlast
+  // handshake_timeout (two lost SYNs alone take 3 s). A refusal is final.
+  template <class Open>
+  void join_node(int id, const std::string& host, std::uint16_t port, Open open) {
     const auto deadline = clock::now() + opts_.connect_timeout;
     std::string lost;  // how the last attempt's handshake ended, once one did
     for (int attempt = 1;; ++attempt) {
@@ -292,7 +314,8 @@ class worker_client final : public transport::frame_handler {
       std::optional<transport::tcp::socket> sock;
       try {
         sock.emplace(transport::connect_with_retry(
-            io_, s.host, s.port, std::max(left, std::chrono::milliseconds(1)), node_name(s.id)));
+            io_, host, port, std::max(left, std::chrono::milliseconds(1)),
+            id == scheduler_id ? "the scheduler" : node_name(id)));
       } catch (const error& e) {
         if (lost.empty()) throw;
         throw error(errc::unreachable, "join: " + lost + "; connecting again: " + e.what());
@@ -301,17 +324,15 @@ class worker_client final : public transport::frame_handler {
       auto outcome = said.get_future();
       transport::asio::post(io_, [&] {
         try {
-          attach(
-              s, std::move(*sock), [&said](hello_outcome o) { said.set_value(std::move(o)); },
-              /*joining=*/true);
+          open(std::move(*sock), [&said](hello_outcome o) { said.set_value(std::move(o)); });
         } catch (...) {
           said.set_exception(std::current_exception());
         }
       });
       const hello_outcome o = outcome.get();
       if (o.ok) return;
-      lost = "the connection to " + node_name(s.id) + " at " + s.host + ":" +
-             std::to_string(s.port) + " closed during its handshake (" + o.why + ")";
+      lost = "the connection to " + node_name(id) + " at " + host + ":" + std::to_string(port) +
+             " closed during its handshake (" + o.why + ")";
       if (!o.link_lost || clock::now() >= deadline)
         throw error(errc::unreachable, "join: " + lost +
                                            (attempt > 1 ? ", attempt " + std::to_string(attempt) +
@@ -596,7 +617,10 @@ class worker_client final : public transport::frame_handler {
   }
 
   void on_authenticated(transport::connection& c) override {
-    if (auto h = take_hello(c)) say_hello(std::move(h->conn), h->server_id, std::move(h->then));
+    auto h = take_hello(c);
+    if (!h) return;
+    if (h->server_id == scheduler_id) return h->then({true, {}, false});  // no hello: join's reg
+    say_hello(std::move(h->conn), h->server_id, std::move(h->then));
   }
 
   // The hello waiting for connection `c`'s handshake, if any (taken: it runs once).
