@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Tests (ctest names = target names = tests/<kind>/<name>.cpp) also run under both sanitizers.
 # Add yours here; names whose source does not exist yet are skipped.
-SANITIZER_TESTS=(test_engine test_call_plan test_frame_plans test_key_map test_ranks test_coverage test_spin_mutex test_send_queue test_request_table test_handshake test_local_stress test_dist_sync test_shard test_compression test_shard_batch test_batch test_apply_pool test_fusion test_shard_parked test_pipeline test_block_pool test_connection_reads)
+SANITIZER_TESTS=(test_engine test_call_plan test_frame_plans test_key_map test_ranks test_coverage test_spin_mutex test_send_queue test_request_table test_handshake test_local_stress test_dist_sync test_shard test_compression test_shard_batch test_batch test_apply_pool test_fusion test_shard_parked test_pipeline test_block_pool test_connection_reads test_dist_faults)
 
 source scripts/lib.sh
 bash scripts/setup-deps.sh
@@ -96,7 +96,8 @@ for t in "${SANITIZER_TESTS[@]}"; do
 done
 if ((${#targets[@]})); then
   regex="^($(IFS='|'; echo "${targets[*]}"))\$"
-  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  # scripts/tsan.supp: what TSan cannot see synchronized in the uninstrumented libstdc++.
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/scripts/tsan.supp}
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=1:strict_init_order=1}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}
   for san in thread address,undefined; do
