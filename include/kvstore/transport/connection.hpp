@@ -355,12 +355,7 @@ class connection : public std::enable_shared_from_this<connection> {
   // ---- reading ------------------------------------------------------------------------------
   void read_more() {
     if (closed_flag_ || closing_) return;
-    if (rend_ == rbuf_.size()) {
-      // Compact so the next header fits.
-      std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, rend_ - rbeg_);
-      rend_ -= rbeg_;
-      rbeg_ = 0;
-    }
+    if (rend_ == rbuf_.size()) restart_buffer();  // so the next header fits
     io([&](auto& st) {
       st.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
@@ -388,7 +383,7 @@ class connection : public std::enable_shared_from_this<connection> {
         if (avail < wire::header_size) {
           // The few bytes left move to the front, so the next read has the whole buffer: read
           // into what was left of it, a busy link took two or three reads per 64 KiB.
-          restart_buffer(avail);
+          restart_buffer();
           return read_more();
         }
         std::string why;
@@ -405,7 +400,7 @@ class connection : public std::enable_shared_from_this<connection> {
         if (take) meta_.append(reinterpret_cast<const char*>(rbuf_.data() + rbeg_), take);
         rbeg_ += take;
         if (meta_.size() < cur_.meta_len) {
-          restart_buffer(0);  // all of it was taken into meta_
+          restart_buffer();  // all of it was taken into meta_
           return read_more();
         }
         // Meta complete: choose the payload's destination.
@@ -433,7 +428,7 @@ class connection : public std::enable_shared_from_this<connection> {
       rbeg_ += take;
       got_ += take;
       if (got_ < cur_.payload_len) {
-        rbeg_ = rend_ = 0;
+        restart_buffer();  // all of it was taken into the sink
         // A small rest comes through the buffer, with the frames behind it: read alone, it cost
         // a read per frame where one read takes several (a copy of a few KiB costs less).
         if (cur_.payload_len - got_ <= small_rest_bytes) return read_more();
@@ -461,9 +456,10 @@ class connection : public std::enable_shared_from_this<connection> {
     }
   }
 
-  // The buffer's last n unparsed bytes move to its front (n < a header: a short move).
-  void restart_buffer(std::size_t n) {
+  // The buffer's unparsed bytes move to its front (parse() leaves fewer than a header's).
+  void restart_buffer() {
     if (rbeg_ == 0) return;
+    const std::size_t n = rend_ - rbeg_;
     std::memmove(rbuf_.data(), rbuf_.data() + rbeg_, n);
     rend_ = n;
     rbeg_ = 0;
