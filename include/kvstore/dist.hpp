@@ -731,18 +731,13 @@ class KVStore<dist, T> {
             bool pipelined = false) {
     const bool fresh = !st;
     if (!st) st = new_state(1);
-    // Kept in the engine's op itself (engine_op_of), not in a std::function of its own. A
-    // pipelined push's f also takes the run's pipelined_run (push_one).
-    auto task = [f = std::forward<F>(f)](detail::engine::done_fn done, detail::pipelined_run& run) {
-      if constexpr (std::is_invocable_v<F&, detail::engine::done_fn, detail::pipelined_run&>)
-        f(std::move(done), run);
-      else
-        f(std::move(done));
-    };
+    // f is kept in the engine's op itself (engine_op_of), not in a std::function of its own; a
+    // pipelined push's f also takes the run's pipelined_run (push_one), which the op passes.
     if (pipelined)
-      impl_->eng.submit_pipelined(m->queue, priority, std::move(task), st, /*may_run_inline=*/true);
+      impl_->eng.submit_pipelined(m->queue, priority, std::forward<F>(f), st,
+                                  /*may_run_inline=*/true);
     else
-      impl_->eng.submit(m->queue, priority, std::move(task), st, /*may_run_inline=*/true);
+      impl_->eng.submit(m->queue, priority, std::forward<F>(f), st, /*may_run_inline=*/true);
     return fresh ? op(st) : op();
   }
 
