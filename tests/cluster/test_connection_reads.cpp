@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,10 +42,13 @@ std::string meta_of(std::size_t frame) {
   return std::string((frame * 37) % 300, static_cast<char>('a' + frame % 26));
 }
 
-// Forwards what it reads from `from` to `to` in pieces of 1 to 9,000 bytes, pausing after each,
-// so the reader sees frames cut everywhere.
-void chop(tcp::socket& from, tcp::socket& to, std::atomic<bool>& stop) {
-  static constexpr std::array<std::size_t, 9> pieces = {1, 7, 23, 100, 1000, 3000, 5000, 9000, 31};
+// Pieces of 1 to 9,000 bytes, in turn, so the reader sees frames cut everywhere.
+constexpr std::array<std::size_t, 9> odd_pieces = {1, 7, 23, 100, 1000, 3000, 5000, 9000, 31};
+
+// Forwards what it reads from `from` to `to`, written in `pieces` in turn with `pause` after
+// each, until either side closes or `stop`.
+void relay(tcp::socket& from, tcp::socket& to, std::atomic<bool>& stop,
+           std::span<const std::size_t> pieces, std::chrono::microseconds pause) {
   std::vector<char> buf(std::size_t{64} << 10);
   std::size_t turn = 0;
   boost::system::error_code ec;
@@ -55,8 +59,7 @@ void chop(tcp::socket& from, tcp::socket& to, std::atomic<bool>& stop) {
       const std::size_t k = std::min(n - at, pieces[turn++ % pieces.size()]);
       asio::write(to, asio::buffer(buf.data() + at, k), ec);
       at += k;
-      // Long enough for the reader to take the piece alone (the pieces add up to ~2 MB).
-      std::this_thread::sleep_for(500us);
+      if (pause.count()) std::this_thread::sleep_for(pause);
     }
     if (ec) return;
   }
@@ -143,17 +146,10 @@ TEST_CASE("frames cut anywhere by the link arrive whole and in order" * doctest:
   relay_out.set_option(tcp::no_delay(true));
 
   std::atomic<bool> stop{false};
-  std::thread forward([&] { chop(relay_in, relay_out, stop); });
-  std::thread backward([&] {
-    std::vector<char> buf(4096);
-    boost::system::error_code ec;
-    while (!stop) {
-      const std::size_t n = relay_out.read_some(asio::buffer(buf), ec);
-      if (ec) return;
-      asio::write(relay_in, asio::buffer(buf.data(), n), ec);
-      if (ec) return;
-    }
-  });
+  // The pause is long enough for the reader to take each piece alone (they add up to ~2 MB).
+  std::thread forward([&] { relay(relay_in, relay_out, stop, odd_pieces, 500us); });
+  constexpr std::array<std::size_t, 1> whole = {std::size_t{64} << 10};
+  std::thread backward([&] { relay(relay_out, relay_in, stop, whole, 0us); });
 
   receiver rx;
   sender tx;
