@@ -8,19 +8,23 @@
 //             workers, each serving one shard itself (dist_options::colocated, no server
 //             processes; the baseline is 2x2's).
 //   baseline: S server processes and W client processes speaking a minimal framed protocol with
-//             Boost.Asio (16-byte header + raw payload; TCP_NODELAY; the server reads payloads
-//             straight into a preallocated buffer, as a transport must at least do).
+//             Boost.Asio (24-byte header + raw payload; TCP_NODELAY; the server reads payloads
+//             into a preallocated store, as a transport must at least do). Each key's bytes come
+//             from and go to a place of their own on both sides (the header's offset), as each
+//             kvstore key has its own memory: 1,000 keys of 4 KiB are 4 MB on each side, not one
+//             4 KiB buffer that stays in the cache.
 //
 // Patterns, per worker (W workers run them at the same time; aggregates = sum over workers of
 // ops and bytes / the slowest worker's time):
 //   push S     one key of S bytes pushed N times back to back (ops on one key run one after the
 //              other: each push is sent, then acknowledged). Baseline: send S bytes (split over
-//              servers exactly as kvstore slices the key), wait for each server's 16-byte ack.
-//   pull S     the same with pulls: baseline sends a 16-byte request, reads S bytes back.
+//              servers exactly as kvstore slices the key), wait for each server's 24-byte ack.
+//   pull S     the same with pulls: baseline sends a 24-byte request, reads S bytes back.
 //   push+wait  4 KiB push, op.wait() each: latency-bound; baseline as push 4 KiB. Also a plain
 //              64-byte ping-pong for reference (the "raw ping-pong rate").
 //   many keys  1,000 keys of 4 KiB: push all, then wait_all, repeated. Baseline: 1,000 framed
-//              4 KiB messages written back to back (to each key's server), 1,000 acks read.
+//              4 KiB messages, each from and to its key's own place, written back to back (to
+//              each key's server), 1,000 acks read.
 //   compressed push and pull of 4 MiB and 64 MiB keys in fp16 and bf16, and push in 2 bits
 //              (init_options::compression; 2-bit pulls travel plain), next to the raw baseline's
 //              plain push and pull of the same values: GB/s counts the float payload, "B/op" the
@@ -696,15 +700,17 @@ int kv_worker(int out, const config& cfg, kvstore::dist_options o, int rank, pip
 
 // ---- raw Asio TCP baseline -----------------------------------------------------------------
 
-// 16-byte header: op (u32: 1 push, 2 pull, 3 ping, 4 pull by keys), pad (u32), len (u64). Push:
-// len payload bytes follow, answered by a 16-byte ack. Pull: answered by a header and len bytes.
-// Ping: len bytes follow and come back. Pull by keys: len bytes (8-byte keys) follow, answered by
-// a header and len / 2 bytes (a float per key).
+// 24-byte header: op (u32: 1 push, 2 pull, 3 ping, 4 pull by keys), pad (u32), len (u64), off
+// (u64). Push: len payload bytes follow, stored at off in the server's store, answered by a
+// header-only ack. Pull: answered by a header and the len bytes at off. Ping: len bytes follow and
+// come back. Pull by keys: len bytes (8-byte keys) follow, answered by a header and len / 2 bytes
+// (a float per key). Each key has its own off, as each kvstore key has its own memory on both
+// sides: a baseline that moved every key through one cache-hot buffer would do less work.
 struct bhdr {
   std::uint32_t op = 0, pad = 0;
-  std::uint64_t len = 0;
+  std::uint64_t len = 0, off = 0;
 };
-static_assert(sizeof(bhdr) == 16);
+static_assert(sizeof(bhdr) == 24);
 
 class base_session : public std::enable_shared_from_this<base_session> {
  public:
@@ -743,9 +749,9 @@ class base_session : public std::enable_shared_from_this<base_session> {
         if (avail < sizeof(bhdr)) return read_more();
         std::memcpy(&cur_, rbuf_.data() + rbeg_, sizeof cur_);
         rbeg_ += sizeof cur_;
-        if (cur_.len > store_.size()) return closed();
+        if (cur_.len > store_.size() || cur_.off > store_.size() - cur_.len) return closed();
         if (cur_.op == 2) {  // pull: answer from the store
-          queue(cur_, store_.data(), cur_.len);
+          queue(cur_, store_.data() + cur_.off, cur_.len);
           continue;
         }
         in_payload_ = true;
@@ -753,13 +759,13 @@ class base_session : public std::enable_shared_from_this<base_session> {
         continue;
       }
       const std::size_t take = std::min<std::size_t>(cur_.len - got_, avail);
-      std::memcpy(store_.data() + got_, rbuf_.data() + rbeg_, take);
+      std::memcpy(store_.data() + cur_.off + got_, rbuf_.data() + rbeg_, take);
       rbeg_ += take;
       got_ += take;
       if (got_ < cur_.len) {
         // The rest straight into its destination.
         rbeg_ = rend_ = 0;
-        asio::async_read(sock_, asio::buffer(store_.data() + got_, cur_.len - got_),
+        asio::async_read(sock_, asio::buffer(store_.data() + cur_.off + got_, cur_.len - got_),
                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                            if (ec) return self->closed();
                            self->got_ += n;
@@ -774,11 +780,12 @@ class base_session : public std::enable_shared_from_this<base_session> {
   void payload_done() {
     in_payload_ = false;
     if (cur_.op == 3)
-      queue(cur_, store_.data(), cur_.len);  // ping: echo
+      queue(cur_, store_.data() + cur_.off, cur_.len);  // ping: echo
     else if (cur_.op == 4)
-      queue(bhdr{4, 0, cur_.len / 2}, store_.data(), cur_.len / 2);  // a float per key asked
+      queue(bhdr{4, 0, cur_.len / 2, cur_.off}, store_.data() + cur_.off,
+            cur_.len / 2);  // a float per key asked
     else
-      queue(bhdr{1, 0, 0}, nullptr, 0);  // push: ack
+      queue(bhdr{1, 0, 0, 0}, nullptr, 0);  // push: ack
   }
   void queue(bhdr h, const char* p, std::size_t n) {
     out_.push_back({h, p, n});
@@ -854,7 +861,7 @@ int base_server(int fd, int clients, std::size_t max_bytes) {
 class base_client {
  public:
   base_client(const std::vector<std::uint16_t>& ports, std::size_t max_bytes)
-      : recv_(max_bytes + 64) {
+      : recv_(ports.size(), std::vector<char>(max_bytes + 64)) {
     for (auto p : ports) {
       socks_.emplace_back(io_);
       socks_.back().connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), p));
@@ -864,9 +871,11 @@ class base_client {
     send_.assign(max_bytes, 2);
   }
 
+  // `bytes` of a key to or from `server`, read from send_ and stored on the server at `offset`.
   struct part {
     int server;
     std::size_t bytes;
+    std::size_t offset = 0;
   };
   // Sends `count` messages of kind op for each of `parts` (one op = all parts) and waits for all
   // answers.
@@ -879,21 +888,25 @@ class base_client {
     for (std::size_t c = 0; c < count; ++c)
       for (auto& p : parts) {
         auto& h = hdrs[static_cast<std::size_t>(p.server)];
-        h.push_back(bhdr{op, 0, p.bytes});
+        if (p.offset + p.bytes > send_.size())
+          throw std::runtime_error("baseline part outside the send buffer");
+        h.push_back(bhdr{op, 0, p.bytes, p.offset});
         wbufs[static_cast<std::size_t>(p.server)].emplace_back(&h.back(), sizeof(bhdr));
         if (op != 2 && p.bytes)
-          wbufs[static_cast<std::size_t>(p.server)].emplace_back(send_.data(), p.bytes);
+          wbufs[static_cast<std::size_t>(p.server)].emplace_back(send_.data() + p.offset, p.bytes);
         expect[static_cast<std::size_t>(p.server)] += sizeof(bhdr) + (op == 1   ? 0
                                                                       : op == 4 ? p.bytes / 2
                                                                                 : p.bytes);
       }
-    // The answers of one server land in recv_ (pull payloads overwrite each other: a sink, as a
-    // worker's output buffer is).
+    // The answers of one server land one after another in its recv_, each key's in its own
+    // place as in a worker's outputs; the next batch reuses them, as a worker pulling the same
+    // keys again does (past the buffer's end they wrap: a sink).
     std::size_t pending = 0;
     std::vector<std::size_t> got(S, 0);
     std::function<void(std::size_t)> read_some = [&](std::size_t s) {
-      const std::size_t n = std::min(expect[s] - got[s], recv_.size());
-      asio::async_read(socks_[s], asio::buffer(recv_.data(), n),
+      auto& r = recv_[s];
+      const std::size_t at = got[s] % r.size(), n = std::min(expect[s] - got[s], r.size() - at);
+      asio::async_read(socks_[s], asio::buffer(r.data() + at, n),
                        [&, s](boost::system::error_code ec, std::size_t k) {
                          if (ec) throw std::runtime_error("baseline read: " + ec.message());
                          got[s] += k;
@@ -918,16 +931,19 @@ class base_client {
  private:
   asio::io_context io_;
   std::vector<tcp::socket> socks_;
-  std::vector<char> send_, recv_;
+  std::vector<char> send_;
+  std::vector<std::vector<char>> recv_;  // per server
 };
 
 // How kvstore places key `id` of `bytes` on S servers, as baseline parts.
-std::vector<base_client::part> parts_of(std::uint64_t id, std::size_t bytes, int S) {
+// `offset`: where the key's bytes start, on both sides.
+std::vector<base_client::part> parts_of(std::uint64_t id, std::size_t bytes, int S,
+                                        std::size_t offset = 0) {
   const kvstore::dist_options o;
   std::vector<base_client::part> p;
   for (auto& s :
        kvstore::detail::partition(id, bytes / sizeof(float), 0, sizeof(float), S, o.slice_bytes))
-    p.push_back({s.server, (s.hi - s.lo) * sizeof(float)});
+    p.push_back({s.server, (s.hi - s.lo) * sizeof(float), offset + s.lo * sizeof(float)});
   return p;
 }
 
@@ -946,10 +962,10 @@ std::vector<base_client::part> growth_parts(std::size_t g, std::size_t n, int S,
   return p;
 }
 
-// The most bytes one baseline message carries: the biggest size, or a growth case's keys and
-// values (12 bytes a key).
+// The bytes the baseline's buffers hold: the biggest size, a growth case's keys and values (12
+// bytes a key), or every key of the many-keys and backprop cases side by side.
 std::size_t baseline_bytes(const config& cfg) {
-  std::size_t max_bytes = 0;
+  std::size_t max_bytes = std::max(cfg.many_keys * 4096, backprop_bytes(cfg.backprop_keys));
   for (auto& sc : cfg.sizes) max_bytes = std::max(max_bytes, sc.bytes);
   for (auto n : cfg.growth_keys) max_bytes = std::max(max_bytes, 12 * n);
   return max_bytes;
@@ -997,10 +1013,11 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
               double(cfg.pingpong64_n) * 64.0, secs(a, b)});
     }
     {
-      // Many keys: each key's 4 KiB to its server, all written back to back.
+      // Many keys: each key's 4 KiB, from and to its own place, to its server, all written back
+      // to back.
       std::vector<base_client::part> parts;
       for (std::size_t k = 0; k < cfg.many_keys; ++k) {
-        auto p = parts_of(100 + k, 4096, S);
+        auto p = parts_of(100 + k, 4096, S, k * 4096);
         parts.insert(parts.end(), p.begin(), p.end());
       }
       bar.wait();
@@ -1032,9 +1049,10 @@ int base_worker(int out, const config& cfg, const std::vector<std::uint16_t>& po
     // key's pull.
     {
       std::vector<base_client::part> parts;
-      for (std::size_t k = 0; k < cfg.backprop_keys; ++k) {
-        auto p = parts_of(static_cast<std::uint64_t>(backprop_key(k)),
-                          backprop_floats(k) * sizeof(float), S);
+      for (std::size_t k = 0, offset = 0; k < cfg.backprop_keys; ++k) {
+        const std::size_t bytes = backprop_floats(k) * sizeof(float);
+        auto p = parts_of(static_cast<std::uint64_t>(backprop_key(k)), bytes, S, offset);
+        offset += bytes;
         parts.insert(parts.end(), p.begin(), p.end());
       }
       bar.wait();
@@ -1556,7 +1574,8 @@ int main(int argc, char** argv) {
   std::printf(
       "kv_bench%s: KVStore<dist> (dist_sync, float, no optimizer) vs raw Asio TCP on 127.0.0.1;\n"
       "  real processes: scheduler, servers and workers (one process each) forked from here;\n"
-      "  baseline: server and client processes, same bytes to the same servers, same pattern.\n"
+      "  baseline: server and client processes, same bytes to the same servers, same pattern;\n"
+      "  each key's bytes from and to a place of their own on both sides, as kvstore's keys.\n"
       "  median of %d repetitions; GB/s = payload bytes / time (1e9 B/s), summed over workers;\n"
       "  cpu = CPU us per op of the worker (client) processes, all threads; cs = their context\n"
       "  switches per op (servers not included); B/op = bytes the kernel saw those processes'\n"
