@@ -729,16 +729,19 @@ class KVStore<dist, T> {
   template <class F>
   op submit(const record* m, int priority, F&& f, std::shared_ptr<detail::op_state> st = nullptr,
             bool pipelined = false) {
-    const bool fresh = !st;
-    if (!st) st = new_state(1);
+    // The caller's handle is made first and the state moved into the engine: each copy of the
+    // shared_ptr is a locked increment, a full barrier on the caller's thread.
+    op handle;
+    if (!st) handle = op(st = new_state(1));
     // f is kept in the engine's op itself (engine_op_of), not in a std::function of its own; a
     // pipelined push's f also takes the run's pipelined_run (push_one), which the op passes.
     if (pipelined)
-      impl_->eng.submit_pipelined(m->queue, priority, std::forward<F>(f), st,
+      impl_->eng.submit_pipelined(m->queue, priority, std::forward<F>(f), std::move(st),
                                   /*may_run_inline=*/true);
     else
-      impl_->eng.submit(m->queue, priority, std::forward<F>(f), st, /*may_run_inline=*/true);
-    return fresh ? op(st) : op();
+      impl_->eng.submit(m->queue, priority, std::forward<F>(f), std::move(st),
+                        /*may_run_inline=*/true);
+    return handle;
   }
 
   // Values above this do not pipeline: a server keeps what a worker sends ahead of an open sync

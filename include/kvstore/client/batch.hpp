@@ -137,12 +137,7 @@ class batches {
     auto all = make_pooled<op_state>(plan.frames.size(), std::move(done));
     for (const frame& fr : plan.frames) {
       transport::out_frame f;
-      f.meta = entries<false>(b, plan, fr, [](const auto& e) {
-        // Only this key's ops touch its count, one at a time: no atomic increment needed.
-        const std::uint64_t seq = e.pushes->load(std::memory_order_relaxed) + 1;
-        e.pushes->store(seq, std::memory_order_relaxed);
-        return seq;
-      });
+      f.meta = entries<false>(b, plan, fr, [](const auto& e) { return next_push_seq(*e.pushes); });
       f.h = wire::batch_header(wire::cmd::batch_push, dtype, fr.keys(), fr.elements, priority);
       pack(f, b, plan, fr);
       client_.send(fr.server, std::move(f), request_of(all, call_kind::push, b, plan, fr));

@@ -54,7 +54,7 @@ class fusion {
     auto& p = servers_[static_cast<std::size_t>(s)];
     std::unique_lock lk(m_);
     if (p.reqs.empty() && client_.in_flight(s) == 0) return false;
-    const std::uint64_t seq = ++*m.pushes;
+    const std::uint64_t seq = next_push_seq(*m.pushes);
     if (p.reqs.empty()) p.reserve_like_last();
     const std::size_t at = p.meta.size();
     p.meta.resize(at + wire::batch_entry_size);

@@ -82,7 +82,7 @@ class requests {
   void push(key_record& m, std::span<const T> value, int priority, done_fn done,
             std::shared_ptr<const void> keep = nullptr) {
     auto all = fan_in(m.slices.size(), std::move(done));
-    const std::uint64_t seq = ++*m.pushes;
+    const std::uint64_t seq = next_push_seq(*m.pushes);
     if (const compression c = compression_.of(m); c.type != compression::none)
       return push_encoded(m, value, c, priority, seq, std::move(all));
     for (auto& s : m.slices) {
@@ -95,13 +95,15 @@ class requests {
         return f;
       };
       if (s.hi - s.lo <= chunk_elems_) {  // one frame: no vector of frames
-        client_.send(s.server, frame_at(s.lo), part_of(all, {call_kind::push, &m.k}));
+        client_.send(s.server, frame_at(s.lo),
+                     part_of(share(all, &s == &m.slices.back()), {call_kind::push, &m.k}));
         continue;
       }
       std::vector<transport::out_frame> frames;
       for (std::uint64_t off = s.lo; off < s.hi; off += chunk_elems_)
         frames.push_back(frame_at(off));
-      client_.send(s.server, std::move(frames), part_of(all, {call_kind::push, &m.k}));
+      client_.send(s.server, std::move(frames),
+                   part_of(share(all, &s == &m.slices.back()), {call_kind::push, &m.k}));
     }
   }
 
@@ -121,7 +123,8 @@ class requests {
     for (auto& s : m.slices) {
       transport::out_frame f;
       f.h = wire::pull_header(fields(m), s.lo, priority, min_version);
-      worker_client::request r = part_of(all, {call_kind::pull, &m.k, -1, min_version});
+      worker_client::request r =
+          part_of(share(all, &s == &m.slices.back()), {call_kind::pull, &m.k, -1, min_version});
       r.out = reinterpret_cast<std::byte*>(first.data());
       r.out_bytes = first.size() * sizeof(T);
       r.elem = sizeof(T);
@@ -137,7 +140,7 @@ class requests {
     const std::uint64_t rl = m.row_length;
     const std::size_t per =
         std::max<std::size_t>(1, client_.options().chunk_bytes / (rl * sizeof(T)));
-    const std::uint64_t seq = ++*m.pushes;
+    const std::uint64_t seq = next_push_seq(*m.pushes);
     for (auto& s : m.slices) {
       auto ids = std::make_shared<std::vector<std::int64_t>>();
       auto vals = std::make_shared<std::vector<T>>();
@@ -219,7 +222,7 @@ class requests {
                   done_fn done) {
     const auto parts = overlaps(m, offset, values.size());
     auto all = fan_in(parts.size(), std::move(done));
-    const std::uint64_t seq = ++*m.pushes;
+    const std::uint64_t seq = next_push_seq(*m.pushes);
     for (auto& p : parts) {
       const std::string meta = wire::encode_range({p.lo, p.hi - p.lo});
       std::vector<transport::out_frame> frames;
@@ -509,6 +512,12 @@ class requests {
       f.h = wire::plain(c);
       return f;
     });
+  }
+
+  // The fan-in state for one request of a loop over a key's slices: the last one takes it, the
+  // others copy it (each copy of a shared_ptr is a locked increment, a full barrier).
+  static std::shared_ptr<op_state> share(std::shared_ptr<op_state>& all, bool last) {
+    return last ? std::move(all) : all;
   }
 
   static worker_client::request part_of(std::shared_ptr<op_state> all, request_label what) {
