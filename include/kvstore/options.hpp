@@ -195,8 +195,8 @@ struct dist_options {
   /// other (a connection sends higher priorities first). Only values of at most 64 KiB (and
   /// chunk_bytes) travelling plain pipeline (servers keep what is sent ahead of an open round,
   /// within max_queued_bytes per worker); not while server_restart_wait is set (a re-send could
-  /// reorder them), nor pushes while fusion is on, nor pulls that servers may hold for staleness.
-  /// KVSTORE_PIPELINE_DEPTH.
+  /// reorder them), nor pulls servers may hold for staleness (a push fusion holds back keeps its
+  /// key until answered; one behind its key's op on the wire streams). KVSTORE_PIPELINE_DEPTH.
   std::uint32_t pipeline_depth = 16;
   /// The TCP congestion control of every connection this node opens or accepts. "auto" (the
   /// default): connections over loopback (127.0.0.0/8, ::1) run cubic, others the host's default.
