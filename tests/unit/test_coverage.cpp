@@ -131,3 +131,29 @@ TEST_CASE("coverage: an empty contribution copies and adds nothing" * doctest::t
   REQUIRE(copies == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{8, 10}, {12, 24}});
   REQUIRE(adds == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{10, 12}});
 }
+
+TEST_CASE("coverage: mark_whole is a whole-value contribute whose copy the caller did" *
+          doctest::timeout(60)) {
+  coverage marked, contributed;
+  marked.mark_whole(n);
+  contributed.contribute(
+      0, n, [](auto, auto) {}, [](auto, auto) {});
+  CHECK(marked.whole(n));
+  CHECK_FALSE(marked.empty());
+  CHECK_FALSE(marked.disjoint(n - 1, n));
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> seen;
+  marked.for_each([&](std::uint64_t b, std::uint64_t e) { seen.emplace_back(b, e); });
+  CHECK(seen == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{0, n}});
+  // What the next pushes do is the same after either: a part adds, the rest past n copies.
+  for (coverage* c : {&marked, &contributed}) {
+    std::uint64_t added = 0, copied = 0;
+    c->contribute(
+        n / 2, n + 8, [&](auto b, auto e) { copied += e - b; },
+        [&](auto b, auto e) { added += e - b; });
+    CHECK(added == n / 2);
+    CHECK(copied == 8);
+    CHECK(c->whole(n + 8));
+  }
+  marked.clear();
+  CHECK(marked.empty());
+}

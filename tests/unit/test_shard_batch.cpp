@@ -229,6 +229,49 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "dist_sync, three workers: exact sums of whole small values (copied, then added, inline) "
+    "and of values past that size or pushed in parts" *
+    doctest::timeout(10)) {
+  fixture f(3);
+  // 64 elements: the inline path's largest; 65: the general one.
+  const std::vector<std::uint64_t> sizes{1, 64, 65};
+  for (std::uint64_t k = 0; k < sizes.size(); ++k)
+    f.init_all(k + 1, std::vector<float>(sizes[k], 0), 0, sizes[k], sizes[k]);
+  auto value = [](int rank, std::uint64_t k, std::size_t e) {
+    return static_cast<float>((rank + 1) * 1000 + k * 100 + e) * 0.25f;
+  };
+  auto keys_of = [&](int rank, std::uint64_t seq) {
+    std::vector<bkey> ks;
+    for (std::uint64_t k = 0; k < sizes.size(); ++k) {
+      bkey b{k + 1, std::vector<float>(sizes[k]), seq};
+      for (std::size_t e = 0; e < b.value.size(); ++e) b.value[e] = value(rank, k, e);
+      ks.push_back(std::move(b));
+    }
+    return ks;
+  };
+  for (int r = 0; r < 3; ++r) send(f, r, wire::cmd::batch_push, keys_of(r, 1));
+  std::vector<float> want;
+  for (std::uint64_t k = 0; k < sizes.size(); ++k)
+    for (std::size_t e = 0; e < sizes[k]; ++e)
+      want.push_back(value(0, k, e) + value(1, k, e) + value(2, k, e));
+  std::vector<bkey> ask;
+  for (std::uint64_t k = 0; k < sizes.size(); ++k)
+    ask.push_back({k + 1, std::vector<float>(sizes[k])});
+  CHECK(pulled(f, ask) == want);
+  // Round 2 of key 2 (64 elements): worker 0 whole, worker 1 in two parts, worker 2 whole. The
+  // parts meet a round the inline path began, and the last whole push adds to both.
+  std::vector<float> w0(64, 1.5f), w2(64, 4.0f), first(40, 2.0f), rest(24, 3.0f);
+  f.push(0, 2, w0, 0, 64, 2);
+  f.push(1, 2, first, 0, 64, 2, false);
+  f.push(1, 2, rest, 40, 64, 2, true);
+  f.push(2, 2, w2, 0, 64, 2);
+  std::vector<float> want2(64);
+  for (std::size_t e = 0; e < 64; ++e) want2[e] = 1.5f + (e < 40 ? 2.0f : 3.0f) + 4.0f;
+  CHECK(f.pull(2, 64) == want2);
+  CHECK(f.version(2, 64) == 2);
+}
+
+TEST_CASE(
     "exactly once: a batched push re-sent after a restart applies what the snapshot "
     "lacks" *
     doctest::timeout(10)) {

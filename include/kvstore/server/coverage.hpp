@@ -44,6 +44,13 @@ class coverage {
     contribute_spilled(a, b, copy, add);
   }
 
+  /// Marks [0, n) written in a round that wrote nothing yet (empty()): contribute(0, n, ...)
+  /// after its copy, for a caller that copied the whole value itself.
+  void mark_whole(std::uint64_t n) noexcept {
+    one_ = {0, n};
+    has_one_ = true;
+  }
+
   /// True when no written range overlaps [a, b).
   bool disjoint(std::uint64_t a, std::uint64_t b) const {
     if (!spilled_) return !has_one_ || b <= one_.first || a >= one_.second;
