@@ -682,7 +682,7 @@ class shard {
         return;
       }
       if (s.cov.whole(n)) {
-        for (std::uint64_t i = 0; i < n; ++i) m[i] += src[i];  // as sum_into's loop: d += a
+        sum_into<T>(m, src, n, /*may_cut=*/false);  // (too small to cut over the pool)
         return;
       }
     }
