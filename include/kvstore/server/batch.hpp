@@ -272,7 +272,7 @@ struct batch_ops {
           }
           if (sh.cfg_.sync && !(alone && s.cov.empty())) {
             sh.begin_round_push(s, rank);
-            sh.template contribute<T>(s, 0, value, n, may_cut);
+            sh.math_.template contribute<T>(s, 0, value, n, may_cut);
             if (each) {
               sh.end_round_push(s, rank, reply_to<Port>{from, h.req_id + i, no_batch, true}, seq);
               continue;
@@ -285,12 +285,12 @@ struct batch_ops {
             continue;
           }
           if (sh.cfg_.sync) {  // alone: the round is this push, applied at once
-            sh.template apply_range<T>(s, value, 0, n, /*new_step=*/true, may_cut);
+            sh.math_.template apply_range<T>(s, value, 0, n, /*new_step=*/true, may_cut);
             if (seq) s.applied.set(rank, std::max(s.applied.get(rank), seq));
           } else {  // dist_async
             bool first = true;
             if (s.take_async_frame(rank, seq, true, first))
-              sh.template apply_range<T>(s, value, 0, n, first, may_cut);
+              sh.math_.template apply_range<T>(s, value, 0, n, first, may_cut);
             s.parts.erase(rank);
             if (seq) s.applied.set(rank, seq);
           }
@@ -446,7 +446,7 @@ struct batch_ops {
     if (each || entries.size() < 2 * parallel_batch_keys || !batches_on_pool(sh.cfg_.apply_threads))
       return nullptr;
     if (!sh.held_.empty() || !sh.parked_.empty() || !sh.dead_.empty()) return nullptr;
-    const auto& upd = sh.template updater<T>();
+    const auto& upd = sh.math_.template updater<T>();
     if (upd && !upd.elementwise) return nullptr;
     return sh.plans_.find(entries, h.type, sh.slices_.frees());
   }
@@ -469,7 +469,7 @@ struct batch_ops {
     auto& found = sh.batch_slices_;
     const std::size_t n = entries.size();
     found.resize(n);
-    apply_pool& pool = sh.pool();
+    apply_pool& pool = sh.math_.pool();
     const auto parts =
         static_cast<unsigned>(std::min<std::size_t>(pool.threads(), n / parallel_batch_keys));
     auto first_of = [&](unsigned p) { return n * p / parts; };

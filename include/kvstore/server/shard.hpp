@@ -15,8 +15,9 @@
 //             std::string meta = {}) const;         // `meta` is the frame's text
 //   bool same_peer(const Port& other) const;        // both answer the same connection
 // Everything runs on one thread (the server's io thread): no locks. Two jobs fan out over the
-// apply pool and return before the io thread goes on: a large value's update cut in chunks, and a
-// large batched push's keys in runs (server/batch.hpp), each slice touched by one thread.
+// apply pool and return before the io thread goes on: a large value's sum or update cut in chunks
+// (server/slice_math.hpp, which does the shard's arithmetic), and a large batched push's keys in
+// runs (server/batch.hpp), each slice touched by one thread.
 #pragma once
 
 #include <kvstore/detail/key_map.hpp>
@@ -24,7 +25,6 @@
 #include <kvstore/error.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/optim/all.hpp>
-#include <kvstore/server/apply_pool.hpp>
 #include <kvstore/server/batch.hpp>
 #include <kvstore/server/deferred_answers.hpp>
 #include <kvstore/server/frame_plans.hpp>
@@ -34,6 +34,7 @@
 #include <kvstore/server/request_checks.hpp>
 #include <kvstore/server/shard_config.hpp>
 #include <kvstore/server/slice.hpp>
+#include <kvstore/server/slice_math.hpp>
 #include <kvstore/server/states.hpp>
 #include <kvstore/server/value_answers.hpp>
 #include <kvstore/wire/encoding.hpp>
@@ -68,7 +69,7 @@ class shard {
   using change_hook = std::function<void(bool important, std::uint64_t changes)>;
 
   explicit shard(shard_config c, change_hook on_change = {})
-      : cfg_(c), on_change_(std::move(on_change)) {}
+      : cfg_(c), on_change_(std::move(on_change)), math_(c.apply_threads) {}
 
   /// The name that errors use ("server 0").
   void name(std::string who) { who_ = std::move(who); }
@@ -245,7 +246,7 @@ class shard {
     if (cfg_.sync) {
       begin_round_push(s, rank);
       with_dtype(s.type, [&]<class T>() {
-        contribute<T>(s, rel, reinterpret_cast<const T*>(payload.data()), n);
+        math_.contribute<T>(s, rel, reinterpret_cast<const T*>(payload.data()), n);
       });
       if (h.flags & wire::flag_last) end_round_push(s, rank, from, h);
       return;
@@ -253,7 +254,8 @@ class shard {
     bool first = true;
     if (s.take_async_frame(rank, h.aux, (h.flags & wire::flag_last) != 0, first))
       with_dtype(s.type, [&]<class T>() {
-        apply_range<T>(s, reinterpret_cast<const T*>(payload.data()), rel, n, /*new_step=*/first);
+        math_.apply_range<T>(s, reinterpret_cast<const T*>(payload.data()), rel, n,
+                             /*new_step=*/first);
       });
     end_async_frame(s, rank, from, h);
   }
@@ -291,7 +293,7 @@ class shard {
         if (scratch_.size() < n * sizeof(T)) scratch_.resize(n * sizeof(T));
         T* grad = reinterpret_cast<T*>(scratch_.data());
         v.copy_to(0, n, grad);
-        apply_range<T>(s, grad, rel, n, /*new_step=*/first);
+        math_.apply_range<T>(s, grad, rel, n, /*new_step=*/first);
       }
       end_async_frame(s, rank, from, h);
     });
@@ -314,7 +316,7 @@ class shard {
       with_dtype(s.type, [&]<class T>() {
         const T* src = reinterpret_cast<const T*>(payload.data());
         for (std::size_t i = 0; i < rows.size(); ++i)
-          contribute<T>(s, static_cast<std::uint64_t>(rows[i]) * rl - s.lo, src + i * rl, rl);
+          math_.contribute<T>(s, static_cast<std::uint64_t>(rows[i]) * rl - s.lo, src + i * rl, rl);
       });
       if (h.flags & wire::flag_last) end_round_push(s, rank, from, h);
       return;
@@ -331,7 +333,7 @@ class shard {
             for (std::uint64_t j = 0; j < rl; ++j) it->second[j] += src[i * rl + j];
         }
         for (auto& [r, v] : sum) {
-          apply_range<T>(s, v.data(), static_cast<std::uint64_t>(r) * rl - s.lo, rl, first);
+          math_.apply_range<T>(s, v.data(), static_cast<std::uint64_t>(r) * rl - s.lo, rl, first);
           first = false;
         }
       });
@@ -393,8 +395,7 @@ class shard {
     auto [name, params] = wire::decode_optimizer(meta);
     auto f = optim::create_updater<float>(name, params);  // throws for unknown names, bad params
     auto d = optim::create_updater<double>(name, params);
-    upd_f_ = std::move(f);
-    upd_d_ = std::move(d);
+    math_.use(std::move(f), std::move(d));
     if (name != opt_name_)
       for (auto& [k, s] : slices_) {
         s.st_f = {};
@@ -533,8 +534,7 @@ class shard {
     held_bytes_ = 0;
     for (const auto& entry : slices_)
       held_bytes_ += entry.second.size() * entry.second.elem() + key_overhead_bytes;
-    upd_f_ = std::move(f);
-    upd_d_ = std::move(d);
+    math_.use(std::move(f), std::move(d));
     opt_name_ = opt_name;
     opt_params_ = opt_params;
   }
@@ -666,59 +666,6 @@ class shard {
     return s;
   }
 
-  // Adds or copies `n` elements at slice offset `rel` into the round's merge buffer (a large
-  // sum cut over the apply pool unless `may_cut` is false: a pool thread's own work).
-  template <class T>
-  void contribute(slice& s, std::uint64_t rel, const T* src, std::uint64_t n, bool may_cut = true) {
-    // A whole small value, what each key of a batched frame and most one-key pushes bring: the
-    // round's first push copies it, the next ones add to it, here and inline. Through the
-    // general path below a one-float key cost 131 instructions a push, 30 of them the call's
-    // own (callgrind of shard_bench's loop, 2 workers).
-    if (rel == 0 && n == s.size() && n <= small_sum_elements) {
-      T* m = reinterpret_cast<T*>(s.merge.data());
-      if (s.cov.empty()) {
-        if (n && m != src) std::memcpy(m, src, n * sizeof(T));  // (else read in place)
-        s.cov.mark_whole(n);
-        return;
-      }
-      if (s.cov.whole(n)) {
-        sum_into<T>(m, src, n, /*may_cut=*/false);  // (too small to cut over the pool)
-        return;
-      }
-    }
-    contribute_ranges(s, rel, src, n, may_cut);
-  }
-  // Values of at most this many elements take contribute's inline path.
-  static constexpr std::uint64_t small_sum_elements = 64;
-  // The general case: parts of the slice, pushes that overlap, large values (summed over the
-  // apply pool). Out of line, so that contribute stays small enough to inline.
-  template <class T>
-  [[gnu::noinline]] void contribute_ranges(slice& s, std::uint64_t rel, const T* src,
-                                           std::uint64_t n, bool may_cut) {
-    T* m = reinterpret_cast<T*>(s.merge.data());
-    s.cov.contribute(
-        rel, rel + n,
-        [&](std::uint64_t b, std::uint64_t e) {
-          if (m + b != src + (b - rel))
-            std::memcpy(m + b, src + (b - rel), (e - b) * sizeof(T));  // else read in place
-        },
-        [&](std::uint64_t b, std::uint64_t e) {
-          sum_into<T>(m + b, src + (b - rel), e - b, may_cut);
-        });
-  }
-  // d += a over n elements, cut over the apply pool's threads when large (as apply_range cuts
-  // an update): each element's sum depends on that element alone, so the same bits. The loop
-  // is the wire's plain add (blocks of 16 over restrict pointers), which GCC vectorizes at -O2,
-  // RelWithDebInfo's and so kv_server's; a plain loop needs -O3 there.
-  template <class T>
-  void sum_into(T* d, const T* a, std::uint64_t n, bool may_cut) {
-    auto add = [&](std::uint64_t lo, std::uint64_t hi) {
-      wire::convert_elements<true>(a + lo, hi - lo, d + lo, [](T x) { return x; });
-    };
-    if (may_cut && cut_over_pool(n)) return pool().run(n, parallel_apply_elements, add);
-    add(0, n);
-  }
-
   // A worker that left the group (leave, bye) pushes no more: its push is refused, not summed.
   // (The checks run on every push of every key: the throwing halves are out of line, so that
   // the checks themselves inline.)
@@ -772,53 +719,6 @@ class shard {
     if (h.flags & wire::flag_last) ack(from, h.req_id);
   }
 
-  // Applies `n` elements at slice offset `rel`: stores them (no optimizer) or updates the
-  // weights with them as the gradient (cut over the apply pool when large, unless `may_cut`
-  // is false: a pool thread's own work).
-  template <class T>
-  void apply_range(slice& s, const T* grad, std::uint64_t rel, std::uint64_t n, bool new_step,
-                   bool may_cut = true) {
-    T* w = reinterpret_cast<T*>(s.value.mutable_data()) + rel;
-    auto& upd = updater<T>();
-    if (!upd) {
-      if (n) std::memcpy(w, grad, n * sizeof(T));  // an empty push has no payload pointer
-      return;
-    }
-    auto& st = s.template state<T>();
-    upd.ensure_state(st, s.size());
-    if (new_step) ++st.step;
-    const kvstore::key k(static_cast<std::int64_t>(s.key));
-    auto update = [&](std::uint64_t lo, std::uint64_t hi) {
-      upd.fn(k, std::span<const T>(grad + lo, hi - lo), std::span<T>(w + lo, hi - lo),
-             optim::updater<T>::view(st, rel + lo, hi - lo, s.mult));
-    };
-    if (may_cut && upd.elementwise && cut_over_pool(n))
-      return pool().run(n, parallel_apply_elements, update);
-    update(0, n);
-  }
-
-  // An element-wise update or sum of at least twice this many elements is cut over the apply
-  // pool's threads (1 MiB of float a chunk at least: less is not worth waking a thread for).
-  static constexpr std::uint64_t parallel_apply_elements = std::uint64_t{1} << 18;
-  bool cut_over_pool(std::uint64_t n) const {
-    return cfg_.apply_threads != 1 && n >= 2 * parallel_apply_elements;
-  }
-
-  // The apply pool, started on the first large update (a shard that never sees one starts no
-  // thread).
-  apply_pool& pool() {
-    if (!pool_) pool_ = std::make_unique<apply_pool>(cfg_.apply_threads);
-    return *pool_;
-  }
-
-  template <class T>
-  optim::updater<T>& updater() {
-    if constexpr (std::is_same_v<T, float>)
-      return upd_f_;
-    else
-      return upd_d_;
-  }
-
   bool round_complete(const slice& s) const { return s.round_done.covers(cfg_.num_workers, left_); }
 
   // `d` more of worker `rank`'s pushes are in open rounds: on a pool thread (`fx`) counted in fx,
@@ -841,20 +741,7 @@ class shard {
   // and the answers are left to the io thread (batch_ops::push_in_runs).
   void maybe_complete(slice& s, pass_effects<Port>* fx = nullptr) {
     if (!round_complete(s)) return;
-    with_dtype(s.type, [&]<class T>() {
-      auto& upd = updater<T>();
-      // The merge buffer becomes the value, the old value's buffer the next merge buffer (no
-      // copy), unless a pull answer still sends the value.
-      const bool taken = !upd && s.cov.whole(s.size()) && s.value.take(s.merge);
-      if (!taken) {
-        bool first = true;
-        s.cov.for_each([&](std::uint64_t b, std::uint64_t e) {
-          apply_range<T>(s, reinterpret_cast<const T*>(s.merge.data()) + b, b, e - b, first,
-                         /*may_cut=*/!fx);
-          first = false;
-        });
-      }
-    });
+    with_dtype(s.type, [&]<class T>() { math_.apply_round<T>(s, /*may_cut=*/!fx); });
     s.cov.clear();
     close_round(s, fx);
     s.round_seq.for_each(
@@ -1006,16 +893,14 @@ class shard {
   change_hook on_change_;
   std::string who_ = "server";
   slice_map slices_;
-  optim::updater<float> upd_f_;
-  optim::updater<double> upd_d_;
+  slice_math math_;  // sums rounds, applies updates (server/slice_math.hpp)
   std::string opt_name_, opt_params_;
   rank_set left_, dead_;
   std::vector<std::int64_t> open_pushes_;  // per worker: see open_pushes()
   bytes scratch_;          // a compressed async push's frame, decoded (at most a slice's bytes)
   held_pulls<Port> held_;  // pulls waiting for a version or slower workers
-  parked_requests<Port> parked_;      // pipelined requests behind an open sync round
-  bool serving_parked_ = false;       // serve_one at work: its request is not kept back again
-  std::unique_ptr<apply_pool> pool_;  // see pool()
+  parked_requests<Port> parked_;  // pipelined requests behind an open sync round
+  bool serving_parked_ = false;   // serve_one at work: its request is not kept back again
 
   // Batched frames (server/batch.hpp).
   friend struct batch_ops<Port>;
