@@ -772,7 +772,7 @@ class KVStore<dist, T> {
     const bool pull = call == call_kind::pull;
     const dist_options& o = impl_->opts;
     const typename detail::multi_key_calls<T>::call_context cx{
-        impl_->keys, impl_->reqs, /*batch_ok=*/!pull || o.sync || !o.staleness,
+        impl_->keys, impl_->reqs, impl_->batch, /*batch_ok=*/!pull || o.sync || !o.staleness,
         /*follow_plans=*/pull || !impl_->left};
     return impl_->calls.split(call, ks, bufs, cx, [&](record* m, std::size_t i) {
       return checked(m, call, ks[i], bufs[i].size());

@@ -2,13 +2,15 @@
 // called a second time; a call follows a plan only when it names the same integer keys in the
 // same order with buffers of the planned sizes, at the same version (no key removed, the same
 // compression); several key lists stay planned in turn; the least lately followed plan makes
-// room; the plans together keep at most twice the keys held.
+// room; the plans together keep at most twice the keys held; a plan of distinct keys, all
+// batched, keeps its batches' frames, cut once, and drops them with its entries.
 #include <kvstore/client/call_plan.hpp>  // first: the header is self-contained
 
 #include <doctest/doctest.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +21,13 @@ using kvstore::detail::key_record;
 namespace {
 
 using buf = std::span<const float>;
+using kvstore::detail::batch_frames;
+
+// Cuts a planned call's batches as a worker of two servers, frames of 1 MiB, floats.
+batch_frames cut(std::span<const call_plans::key_entry> es) {
+  return kvstore::detail::cut_frames(es, 2, std::size_t{1} << 20, sizeof(float));
+}
+constexpr std::size_t batch_keys = 16;
 
 // A call: keys [first, first + n) with buffers of key % 3 + 1 floats.
 struct call {
@@ -45,7 +54,7 @@ void plan(call_plans& plans, const call& c, std::size_t held, call_plans::versio
   for (std::size_t i = 0; i < c.keys.size(); ++i)
     p->add({reinterpret_cast<key_record*>(0x1000 + 64 * c.keys[i].id()), c.keys[i].id(),
             c.bufs[i].size(), static_cast<int>(i % 2), i % 5 != 0, nullptr});
-  plans.finish(*p, false);
+  plans.finish(*p, false, batch_keys, cut);
 }
 
 const call_plans::plan* follow(call_plans& plans, const call& c, call_plans::version v = {}) {
@@ -176,11 +185,24 @@ TEST_CASE("a plan's entries, shared, outlive the plan; what the call was keeps w
   REQUIRE(p != nullptr);
   for (std::size_t i = 0; i < c.keys.size(); ++i)
     p->add({nullptr, c.keys[i].id(), c.bufs[i].size(), 0, true, nullptr});
-  plans.finish(*p, /*repeats=*/false);
+  plans.finish(*p, /*repeats=*/false, batch_keys, cut);
   const auto* followed = follow(plans, c);
   REQUIRE(followed != nullptr);
   CHECK(followed->info.all_batched);
   CHECK_FALSE(followed->info.repeats);
+  // Its batches of 16, 16, 16 and 2 keys, each cut into one frame (all on server 0).
+  REQUIRE(followed->info.cuts != nullptr);
+  const auto& cuts = *followed->info.cuts;
+  REQUIRE(cuts.size() == 4);
+  for (std::size_t b = 0; b < 4; ++b) {
+    const std::size_t n = b < 3 ? 16 : 2;
+    CHECK(cuts[b].order.size() == n);
+    REQUIRE(cuts[b].frames.size() == 1);
+    CHECK(cuts[b].frames[0].keys() == n);
+    std::uint64_t elements = 0;
+    for (std::size_t i = 0; i < n; ++i) elements += c.bufs[16 * b + i].size();
+    CHECK(cuts[b].frames[0].elements == elements);
+  }
   const auto shared = followed->shared_entries();
   // A new version drops every plan; the shared entries stay whole, and no longer count.
   CHECK(follow(plans, c, {1, 0}) == nullptr);
@@ -193,7 +215,40 @@ TEST_CASE("a plan's entries, shared, outlive the plan; what the call was keeps w
   const auto* again = follow(plans, c, {1, 0});
   REQUIRE(again != nullptr);
   CHECK_FALSE(again->info.all_batched);
+  CHECK(again->info.cuts == nullptr);  // its calls go key group by key group, as split says
   CHECK(again->shared_entries() != shared);
   CHECK((*shared)[49].id == c.keys[49].id());
   CHECK((*shared)[49].rec == nullptr);
+}
+
+TEST_CASE("a plan's cuts go with its entries: with repeats none, dropped for room gone" *
+          doctest::timeout(10)) {
+  call_plans plans;
+  const call c = call_of(100, 40);
+  auto plan_all_batched = [&](const call& k, bool repeats) {
+    auto* p = plans.start(k.keys, 100, {});
+    if (!p) p = plans.start(k.keys, 100, {});
+    REQUIRE(p != nullptr);
+    for (std::size_t i = 0; i < k.keys.size(); ++i)
+      p->add({nullptr, k.keys[i].id(), k.bufs[i].size(), static_cast<int>(i % 2), true, nullptr});
+    plans.finish(*p, repeats, batch_keys, cut);
+  };
+  plan_all_batched(c, /*repeats=*/true);
+  CHECK(follow(plans, c)->info.cuts == nullptr);  // its keys go in one merged batch
+  plan_all_batched(c, false);
+  const auto* p = follow(plans, c);
+  REQUIRE(p != nullptr);
+  REQUIRE(p->info.cuts != nullptr);
+  // Two servers: each batch's keys by server, the even ones first.
+  const batch_frames& first = (*p->info.cuts)[0];
+  REQUIRE(first.frames.size() == 2);
+  CHECK(first.frames[0].server == 0);
+  CHECK(first.frames[1].server == 1);
+  CHECK(first.order[0] == 0);
+  CHECK(first.order[8] == 1);
+  const std::weak_ptr<const std::vector<batch_frames>> held = p->info.cuts;
+  // Other lists fill the bound of twice the 100 keys held: c's plan drops its entries and cuts.
+  for (int i = 1; i <= 5; ++i) plan_all_batched(call_of(1000 * i, 60), false);
+  CHECK(follow(plans, c) == nullptr);
+  CHECK(held.expired());
 }

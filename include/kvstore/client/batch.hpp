@@ -7,6 +7,7 @@
 // (engine/engine.hpp), so per-key order holds between batched and one-key ops.
 #pragma once
 
+#include <kvstore/client/batch_frames.hpp>
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/key_record.hpp>
@@ -35,13 +36,6 @@ namespace kvstore::detail {
 /// A value of at most this many bytes is small: it travels in batches, copied into the frame.
 /// Bigger ones go in frames of their own, straight from the caller's buffer.
 inline constexpr std::size_t batch_value_bytes = std::size_t{16} << 10;
-
-/// A batched frame names at most this many keys (and holds at most chunk_bytes). A server
-/// passes over a frame's slices twice (checks every key, then applies or copies), each key a few
-/// cache lines of slice and value: over 4,096 keys (about 1.3 MB) the second pass still finds
-/// them in its core's cache, where over the ~37,000 single-float keys of a 1 MiB frame it read
-/// them all from memory again.
-inline constexpr std::size_t batch_frame_keys = 4096;
 
 /// The small keys of one multi-key call: distinct keys with their buffers, in first-appearance
 /// order (with what the frames need of each record, read while it is at hand), and the buffers
@@ -81,6 +75,9 @@ struct batch {
 
   std::vector<entry> entries;
   std::vector<repeat> repeats;
+  /// The entries' frames, cut before (a planned call's: client/batch_frames.hpp); else cut as
+  /// the batch is sent.
+  std::shared_ptr<const batch_frames> cut;
 
  private:
   std::uint64_t call_;
@@ -103,11 +100,19 @@ class batches {
     return m.home >= 0 && m.total * sizeof(T) <= batch_value_bytes;
   }
 
+  /// The frames of a batch of `entries`, cut as this client sends them (kept by a planned call,
+  /// and set as its batches' batch::cut).
+  template <class Entry>
+  batch_frames cut(std::span<const Entry> entries) const {
+    return cut_frames(entries, static_cast<std::size_t>(client_.num_servers()),
+                      client_.options().chunk_bytes, sizeof(T));
+  }
+
   /// The keys' inits, rank 0's (`with_data`) carrying the values; done once every server
   /// answered. A key of a refused frame gets failed[j] = 1 (b.size() entries, written before
   /// done runs).
   void init(const in_batch& b, bool with_data, std::vector<char>& failed, done_fn done) {
-    const auto plan = std::make_shared<const frame_plan>(frames_of(b));
+    const auto plan = frames_of(b);
     auto all = make_pooled<op_state>(plan->frames.size(), std::move(done));
     const auto& o = client_.options();
     for (const frame& fr : plan->frames) {
@@ -134,20 +139,20 @@ class batches {
     std::vector<std::vector<T>> sums;
     sum_repeats(b, sums);
     const auto plan = frames_of(b);
-    auto all = make_pooled<op_state>(plan.frames.size(), std::move(done));
-    for (const frame& fr : plan.frames) {
+    auto all = make_pooled<op_state>(plan->frames.size(), std::move(done));
+    for (const frame& fr : plan->frames) {
       transport::out_frame f;
-      f.meta = entries<false>(b, plan, fr, [](const auto& e) { return next_push_seq(*e.pushes); });
+      f.meta = entries<false>(b, *plan, fr, [](const auto& e) { return next_push_seq(*e.pushes); });
       f.h = wire::batch_header(wire::cmd::batch_push, dtype, fr.keys(), fr.elements, priority);
-      pack(f, b, plan, fr);
-      client_.send(fr.server, std::move(f), request_of(all, call_kind::push, b, plan, fr));
+      pack(f, b, *plan, fr);
+      client_.send(fr.server, std::move(f), request_of(all, call_kind::push, b, *plan, fr));
     }
   }
 
   /// The keys' values, each server's answer copied into the buffers key by key, and into the
   /// buffers of keys named again once all are in. Done once every answer arrived.
   void pull(std::shared_ptr<out_batch> b, int priority, done_fn done) {
-    auto plan = std::make_shared<const frame_plan>(frames_of(*b));
+    auto plan = frames_of(*b);
     auto all = make_pooled<op_state>(plan->frames.size(),
                                      [b, done = std::move(done)](std::exception_ptr e) {
                                        if (!e)
@@ -171,54 +176,15 @@ class batches {
   }
 
  private:
-  // Keys [lo, hi) of the call's server order go to `server` in one frame, with `elements`
-  // values together.
-  struct frame {
-    int server = 0;
-    std::size_t lo = 0, hi = 0;
-    std::uint64_t elements = 0;
-    std::size_t keys() const noexcept { return hi - lo; }
-  };
-  struct frame_plan {
-    std::vector<std::uint32_t> order;  // the call's keys by server (indices into entries)
-    std::vector<frame> frames;
-  };
+  using frame = batch_frames::frame;
 
-  // The keys grouped by server (a counting sort: linear), cut into frames of at most chunk_bytes
-  // of entries and values and at most batch_frame_keys keys (at least one key each).
+  // The batch's frames: its cut if it has one, else cut now.
   template <class Batch>
-  frame_plan frames_of(const Batch& b) const {
-    const auto servers = static_cast<std::size_t>(client_.num_servers());
-    std::vector<std::size_t> start(servers + 1, 0);
-    for (const auto& e : b.entries) ++start[static_cast<std::size_t>(e.server) + 1];
-    for (std::size_t s = 0; s < servers; ++s) start[s + 1] += start[s];
-    frame_plan p;
-    p.order.resize(b.size());
-    std::vector<std::size_t> at(start.begin(), start.end() - 1);
-    for (std::size_t j = 0; j < b.size(); ++j)
-      p.order[at[static_cast<std::size_t>(b.entries[j].server)]++] = static_cast<std::uint32_t>(j);
-    const std::size_t limit = client_.options().chunk_bytes;
-    for (std::size_t s = 0; s < servers; ++s) {
-      frame fr{static_cast<int>(s), start[s], start[s], 0};
-      std::size_t bytes = 0;
-      for (std::size_t k = start[s]; k < start[s + 1]; ++k) {
-        const std::uint64_t n = b.entries[p.order[k]].total;
-        const std::size_t add = wire::batch_entry_size + n * sizeof(T);
-        if (k > fr.lo && (bytes + add > limit || k - fr.lo == batch_frame_keys)) {
-          fr.hi = k;
-          p.frames.push_back(fr);
-          fr = {static_cast<int>(s), k, k, 0};
-          bytes = 0;
-        }
-        bytes += add;
-        fr.elements += n;
-      }
-      fr.hi = start[s + 1];
-      if (fr.hi > fr.lo) p.frames.push_back(fr);
-    }
-    return p;
+  std::shared_ptr<const batch_frames> frames_of(const Batch& b) const {
+    if (b.cut) return b.cut;
+    return std::make_shared<const batch_frames>(
+        cut(std::span<const typename Batch::entry>(b.entries)));
   }
-
   // How many keys ahead a walk over a frame's keys prefetches their records.
   static constexpr std::size_t prefetch_ahead = 8;
 
@@ -227,7 +193,7 @@ class batches {
   // (its counts are the key table's, entry::pushes) and a pull's read no record at all, nor may
   // a planned call's engine op have (engine::renew).
   template <bool ReadsRecord, class Batch, class Aux>
-  static std::string entries(const Batch& b, const frame_plan& p, const frame& fr, Aux&& aux) {
+  static std::string entries(const Batch& b, const batch_frames& p, const frame& fr, Aux&& aux) {
     std::string meta(fr.keys() * wire::batch_entry_size, '\0');
     char* at = meta.data();
     for (std::size_t k = fr.lo; k < fr.hi; ++k, at += wire::batch_entry_size) {
@@ -241,7 +207,7 @@ class batches {
   }
 
   // The frame's values, one after the other, copied into a payload buffer the frame keeps.
-  static void pack(transport::out_frame& f, const in_batch& b, const frame_plan& p,
+  static void pack(transport::out_frame& f, const in_batch& b, const batch_frames& p,
                    const frame& fr) {
     std::shared_ptr<std::byte[]> buf(new std::byte[fr.elements * sizeof(T)]);
     T* at = reinterpret_cast<T*>(buf.get());
@@ -277,7 +243,7 @@ class batches {
 
   template <class Batch>
   static worker_client::request request_of(std::shared_ptr<op_state> part, call_kind kind,
-                                           const Batch& b, const frame_plan& p, const frame& fr) {
+                                           const Batch& b, const batch_frames& p, const frame& fr) {
     worker_client::request r;
     r.done = std::move(part);
     r.what = {kind, &b.entries[p.order[fr.lo]].rec->k};
@@ -289,7 +255,7 @@ class batches {
   // the request's key order, each data frame's offset counting elements from the first.
   struct scatter {
     std::shared_ptr<out_batch> b;
-    std::shared_ptr<const frame_plan> plan;
+    std::shared_ptr<const batch_frames> plan;
     std::size_t k;           // the next key (a position in plan->order)
     std::uint64_t elements;  // the answer's, all keys
     std::uint64_t got = 0, in_key = 0;

@@ -11,6 +11,7 @@
 // needs the record.
 #pragma once
 
+#include <kvstore/client/batch_frames.hpp>
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/detail/list_plans.hpp>
 #include <kvstore/key.hpp>
@@ -19,7 +20,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
+#include <vector>
 
 namespace kvstore::detail {
 
@@ -46,6 +49,9 @@ class call_plans {
   struct call_info {
     bool repeats = false;      // a key was named twice in the call
     bool all_batched = false;  // every key travels in a batch
+    /// A plan of distinct keys, all batched: the frames of its batches (one per batch of the
+    /// call), cut once, when it was planned; else none.
+    std::shared_ptr<const std::vector<batch_frames>> cuts;
   };
 
   /// Plans kept per kind of call: a few key lists a training step calls in turn.
@@ -76,10 +82,22 @@ class call_plans {
   }
 
   /// `p`'s call was found good: later calls may follow it. `repeats`: a key was named twice.
-  void finish(plan& p, bool repeats) noexcept {
+  /// When every key is batched and none twice, `cut(entries)` gives the batch_frames of the
+  /// entries of one batch, for each batch of `batch_keys` keys.
+  template <class Cut>
+  void finish(plan& p, bool repeats, std::size_t batch_keys, Cut&& cut) {
     p.info.repeats = repeats;
-    p.info.all_batched = std::all_of(p.entries().begin(), p.entries().end(),
-                                     [](const key_entry& e) { return e.batched; });
+    const auto& es = p.entries();
+    p.info.all_batched =
+        std::all_of(es.begin(), es.end(), [](const key_entry& e) { return e.batched; });
+    if (p.info.all_batched && !repeats) {
+      auto cuts = std::make_shared<std::vector<batch_frames>>();
+      cuts->reserve((es.size() + batch_keys - 1) / batch_keys);
+      for (std::size_t lo = 0; lo < es.size(); lo += batch_keys)
+        cuts->push_back(
+            cut(std::span<const key_entry>(es).subspan(lo, std::min(batch_keys, es.size() - lo))));
+      p.info.cuts = std::move(cuts);
+    }
     plans_.finish(p);
   }
 

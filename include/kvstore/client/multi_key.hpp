@@ -47,6 +47,7 @@ struct split_call {
   // plan's entries (and `bufs`) as they are submitted, so the first is on the wire while the
   // next are built, and no lock is held meanwhile.
   std::shared_ptr<const std::vector<call_plans::key_entry>> planned;
+  std::shared_ptr<const std::vector<batch_frames>> planned_cuts;  // each batch's frames
   std::span<const Buf> bufs;
 
   std::size_t batches() const noexcept {
@@ -54,13 +55,16 @@ struct split_call {
     return repeats ? 1 : small.size();
   }
 
-  /// The batch of keys lo .. hi - 1 of a planned call.
+  /// The batch of keys lo .. hi - 1 of a planned call (lo a multiple of batch_keys), its
+  /// frames cut when the call was planned.
   std::shared_ptr<batch<Buf>> planned_batch(std::size_t lo, std::size_t hi) const {
     const auto& plan = *planned;
     auto b = std::make_shared<batch<Buf>>(0, hi - lo);
     for (std::size_t i = lo; i < hi; ++i)
       b->entries.push_back(
           {plan[i].rec, bufs[i], plan[i].id, plan[i].total, plan[i].server, plan[i].pushes});
+    if (planned_cuts)
+      b->cut = std::shared_ptr<const batch_frames>(planned_cuts, &(*planned_cuts)[lo / batch_keys]);
     return b;
   }
 };
@@ -73,6 +77,7 @@ class multi_key_calls {
   struct call_context {
     const key_table& keys;
     const requests<T>& reqs;
+    const batches<T>& batch;  // cuts a planned call's batches into frames
     /// Small keys may be batched: not a pull a server may hold for slower workers (dist_async
     /// with staleness), which servers hold key by key.
     bool batch_ok = true;
@@ -114,6 +119,7 @@ class multi_key_calls {
       const auto* followed = cx.follow_plans ? plans.find(ks, bufs, now) : nullptr;
       if (followed && followed->info.all_batched && !followed->info.repeats) {
         out.planned = followed->shared_entries();
+        out.planned_cuts = followed->info.cuts;
         out.bufs = bufs;
       } else if (followed) {
         const call_plans::plan& plan = *followed;
@@ -148,7 +154,9 @@ class multi_key_calls {
             large_bufs.push_back(bufs[i]);
           }
         }
-        if (plan && !named) plans.finish(*plan, out.repeats);  // else never followed
+        if (plan && !named)  // else never followed
+          plans.finish(*plan, out.repeats, batch_keys,
+                       [&](std::span<const call_plans::key_entry> es) { return cx.batch.cut(es); });
       }
     }
     if (!large.empty())

@@ -207,6 +207,7 @@ class list_plans {
       // A new array: the old one's memory goes (once no reader shares it; clearing it would
       // keep the memory).
       oldest->entries_ = std::make_shared<std::vector<Entry>>();
+      oldest->info = Info{};  // what it kept of its list goes with the list
       oldest->ready_ = false;
     }
   }
