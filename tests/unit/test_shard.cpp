@@ -13,6 +13,7 @@
 
 #include "support/shard_fixture.hpp"
 
+#include <malloc.h>  // mallinfo2 (glibc)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -434,7 +435,7 @@ TEST_CASE("limits: an init past max_keys or max_total_bytes is refused before it
           doctest::timeout(10)) {
   auto c = fixture::config(1, true, 1 << 20);
   c.max_keys = 2;
-  const std::uint64_t four_floats = 16 + kvstore::detail::key_overhead_bytes;
+  const std::uint64_t four_floats = 16 + shard_t::key_overhead_bytes;
   c.max_total_bytes = 2 * four_floats + 8;  // two keys of 4 floats, and 8 bytes to spare
   fixture f(c);
   f.init_all(1, {1, 2, 3, 4}, 0, 4, 4);
@@ -448,7 +449,7 @@ TEST_CASE("limits: an init past max_keys or max_total_bytes is refused before it
     FAIL("no error");
     return {};
   };
-  // 7 floats cost 28 + 256 bytes; 16 + 256 + 8 are left.
+  // 7 floats cost 28 bytes and the overhead; 16 and the overhead and 8 are left.
   const auto too_big = message([&] { f.init(0, 2, std::vector<float>(7, 1.0f), 0, 7, 7); });
   CHECK(too_big.find("max_total_bytes") != std::string::npos);
   CHECK(too_big.find("key 2") != std::string::npos);
@@ -459,6 +460,39 @@ TEST_CASE("limits: an init past max_keys or max_total_bytes is refused before it
   CHECK(f.sh.slices().count(3) == 0);
   CHECK(f.pull(1, 4) == std::vector<float>{1, 2, 3, 4});
   CHECK(f.pull(2, 4) == std::vector<float>{5, 6, 7, 8});
+}
+
+// What max_total_bytes counts a key is what it costs: the heap a server's shard grows by over
+// many inits (glibc's count of bytes in use, mmapped blocks included) is at most the count, and
+// not far under it. (Not under a sanitizer: its allocator keeps its own books.)
+TEST_CASE("max_total_bytes counts a key what it costs the server" * doctest::timeout(30)) {
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define KVTEST_OWN_ALLOCATOR 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || !defined(__GLIBC__)
+#define KVTEST_OWN_ALLOCATOR 1
+#endif
+#ifdef KVTEST_OWN_ALLOCATOR
+  MESSAGE("skipped: a sanitizer's allocator, or no glibc, keeps books mallinfo2 does not read");
+#else
+  constexpr std::uint64_t keys = 20000, floats = 8;  // 32 bytes: a buffer of its own
+  fixture f(1);
+  const std::vector<float> value(floats, 1.0f);
+  f.init_all(0, value, 0, floats, floats);  // the fixture's own buffers made
+  auto in_use = [] {
+    const struct mallinfo2 m = mallinfo2();
+    return static_cast<double>(m.uordblks + m.hblkhd);
+  };
+  const double before = in_use();
+  for (std::uint64_t k = 1; k <= keys; ++k) f.init_all(k, value, 0, floats, floats);
+  const double per_key = (in_use() - before) / keys;
+  const double counted = floats * sizeof(float) + shard_t::key_overhead_bytes;
+  MESSAGE("a key of 8 floats: " << per_key << " bytes of heap, counted " << counted);
+  CHECK(per_key <= counted);
+  CHECK(per_key >= 0.75 * counted);
+#endif
 }
 
 TEST_CASE("pull_rows naming a row twice is refused: an answer is never bigger than the slice" *

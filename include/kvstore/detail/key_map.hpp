@@ -146,6 +146,15 @@ class key_map {
   };
 
  public:
+  /// What one value costs the map besides the value itself, at most: its slot in a slab, its
+  /// places in the node list and the free list (up to two pointers each, as their vectors
+  /// double), and the index slots (up to four a value, when the index has just doubled). A
+  /// slab's slots not used yet come on top: at most max_block_slots of them.
+  static constexpr std::size_t bytes_per_value =
+      slabs::stride + 4 * sizeof(void*) + 4 * sizeof(id_slot<node>);
+
+ private:
+ public:
   template <bool Const>
   class basic_iterator {
    public:

@@ -177,7 +177,7 @@ struct batch_ops {
       slice* existing = sh.slices_.find_value(e.key);
       if (!existing) {
         ++new_keys;
-        new_bytes += n * elem + key_overhead_bytes;
+        new_bytes += n * elem + shard_t::key_overhead_bytes;
         continue;
       }
       slice& s = *existing;

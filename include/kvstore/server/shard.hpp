@@ -63,6 +63,11 @@ class shard {
  public:
   using slice = key_slice<Port>;
   using slice_map = key_map<slice>;  // flat: a batched frame looks up every key
+  /// What one key costs this server beyond its value's bytes, as max_total_bytes counts it: its
+  /// slice and its place in the key map, and a value's buffer of its own. (A sync round's sum and
+  /// the optimizer's state come on top, each at most a few times the value's bytes.)
+  static constexpr std::uint64_t key_overhead_bytes =
+      slice_map::bytes_per_value + slice_value::own_buffer_bytes;
   /// Called when the shard changed (`important`: an init or optimizer change; `changes`: how
   /// many keys' rounds or pushes, one call for a batched frame's) before the change is
   /// answered, so a snapshot taken then holds everything that was answered.

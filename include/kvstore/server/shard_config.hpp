@@ -15,7 +15,7 @@ struct shard_config {
   std::size_t chunk_bytes = std::size_t{1} << 20;        ///< a pull is answered in frames of this
   std::size_t max_frame_bytes = std::size_t{1} << 30;    ///< an init frame carries at most this
   std::uint64_t max_key_bytes = std::uint64_t{8} << 30;  ///< bytes of one key slice at most
-  /// Bytes of all slices together (each also counts key_overhead_bytes); 0: no bound.
+  /// Bytes of all slices together (each also counts shard::key_overhead_bytes); 0: no bound.
   std::uint64_t max_total_bytes = 0;
   std::uint64_t max_keys = std::uint64_t{1} << 24;  ///< slices this shard holds at most
 

@@ -28,10 +28,6 @@ decltype(auto) with_dtype(wire::dtype t, F&& f) {
   return f.template operator()<float>();
 }
 
-/// What one key costs a server beyond its value (its slice record, map node, round state), as
-/// max_total_bytes counts it.
-inline constexpr std::uint64_t key_overhead_bytes = 256;
-
 /// A key as a server's errors name it: its id, or for a named key (top bit set) what it is.
 inline std::string key_str(std::uint64_t k) {
   return (k >> 63) ? "(named key id " + std::to_string(k) + ")"

@@ -25,6 +25,10 @@ class slice_value {
   static constexpr std::size_t inline_bytes = 16;
   /// Whether a value of `n` bytes lives inside the slice.
   static constexpr bool fits_inline(std::size_t n) noexcept { return n <= inline_bytes; }
+  /// What a buffer of its own costs beyond its bytes: the shared block (a vtable pointer, two
+  /// counts) with its vector, and two allocations' headers (malloc's: two words each).
+  static constexpr std::size_t own_buffer_bytes =
+      3 * sizeof(void*) + sizeof(bytes) + 2 * 2 * sizeof(std::size_t);
 
   slice_value() noexcept { std::memset(small_, 0, inline_bytes); }
   /// n zero bytes.
