@@ -185,6 +185,7 @@ class batches {
     return std::make_shared<const batch_frames>(
         cut(std::span<const typename Batch::entry>(b.entries)));
   }
+
   // How many keys ahead a walk over a frame's keys prefetches their records.
   static constexpr std::size_t prefetch_ahead = 8;
 

@@ -153,8 +153,6 @@ class key_map {
   static constexpr std::size_t bytes_per_value =
       slabs::stride + 4 * sizeof(void*) + 4 * sizeof(id_slot<node>);
 
- private:
- public:
   template <bool Const>
   class basic_iterator {
    public:

@@ -108,11 +108,11 @@ class slice_math {
     return *pool_;
   }
 
+ private:
   // An element-wise update or sum of at least twice this many elements is cut over the apply
   // pool's threads (1 MiB of float a chunk at least: less is not worth waking a thread for).
   static constexpr std::uint64_t parallel_apply_elements = std::uint64_t{1} << 18;
 
- private:
   // Values of at most this many elements take contribute's inline path.
   static constexpr std::uint64_t small_sum_elements = 64;
 
