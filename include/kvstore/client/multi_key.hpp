@@ -154,9 +154,15 @@ class multi_key_calls {
             large_bufs.push_back(bufs[i]);
           }
         }
-        if (plan && !named)  // else never followed
+        if (plan && !named) {  // else never followed
           plans.finish(*plan, out.repeats, batch_keys,
                        [&](std::span<const call_plans::key_entry> es) { return cx.batch.cut(es); });
+          // Its batches hold the plan's keys batch for batch: they are sent from the plan's cuts,
+          // not cut again.
+          if (const auto& cuts = plan->info.cuts)
+            for (std::size_t b = 0; b < out.small.size(); ++b)
+              out.small[b]->cut = std::shared_ptr<const batch_frames>(cuts, &(*cuts)[b]);
+        }
       }
     }
     if (!large.empty())
