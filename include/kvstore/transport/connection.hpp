@@ -25,6 +25,7 @@
 #include <sys/uio.h>
 
 #include <cerrno>
+#include <climits>
 
 #include <algorithm>
 #include <array>
@@ -364,6 +365,7 @@ class connection : public std::enable_shared_from_this<connection> {
                                                         ? "closed by peer"
                                                         : "read: " + ec.message());
                            self->rend_ += n;
+                           self->sink_reads_in_row_ = 0;
                            self->last_rx_ = std::chrono::steady_clock::now();
                            self->parse();
                          });
@@ -440,11 +442,20 @@ class connection : public std::enable_shared_from_this<connection> {
               std::min<std::uint64_t>(cur_.payload_len, got_ + std::max(got_, read_buffer_size)));
           chunk = sink_.size() - got_;
         }
+        // Plain TCP reads here, a few payloads in a row at most (then through asio, whose
+        // posted completion lets the io thread write what it queued).
+        if (!tls_ && sink_reads_in_row_ < max_sink_reads_in_row) {
+          ++sink_reads_in_row_;
+          if (!read_into_sink(chunk)) return;  // waiting for bytes (or the link is lost)
+          if (got_ == cur_.payload_len) deliver();
+          continue;
+        }
         io([&](auto& st) {
           asio::async_read(
               st, asio::buffer(sink_.data() + got_, chunk),
               [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                 if (ec) return self->lose_link("read: " + ec.message());
+                self->sink_reads_in_row_ = 0;
                 self->got_ += n;
                 if (self->got_ == self->cur_.payload_len) self->deliver();
                 self->parse();
@@ -453,6 +464,50 @@ class connection : public std::enable_shared_from_this<connection> {
         return;
       }
       deliver();
+    }
+  }
+
+  // Plain TCP: `chunk` more bytes of the payload straight into its sink and, in the same
+  // recvmsg, what follows them into the read buffer, which parse() left empty: read alone, a
+  // big payload's rest cost a second read for the frames behind it. True once the chunk is in;
+  // false when the socket has no bytes now (a wait for them goes on, and parsing after it) or
+  // the link is lost.
+  bool read_into_sink(std::size_t chunk) {
+    for (;;) {
+      iovec iov[2] = {{sink_.data() + got_, chunk}, {rbuf_.data() + rend_, rbuf_.size() - rend_}};
+      msghdr msg{};
+      msg.msg_iov = iov;
+      msg.msg_iovlen = 2;
+      const ssize_t r = ::recvmsg(sock_.native_handle(), &msg, MSG_DONTWAIT);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          sock_.async_wait(tcp::socket::wait_read,
+                           [self = shared_from_this(), chunk](boost::system::error_code ec) {
+                             if (self->closed_flag_) return;
+                             if (ec) return self->lose_link("read: " + ec.message());
+                             self->sink_reads_in_row_ = 0;
+                             if (!self->read_into_sink(chunk)) return;
+                             if (self->got_ == self->cur_.payload_len) self->deliver();
+                             self->parse();
+                           });
+          return false;
+        }
+        const boost::system::error_code ec(errno, boost::system::system_category());
+        lose_link("read: " + ec.message());
+        return false;
+      }
+      if (r == 0) {
+        lose_link("closed by peer");
+        return false;
+      }
+      last_rx_ = std::chrono::steady_clock::now();
+      const auto n = static_cast<std::size_t>(r);
+      const std::size_t to_sink = std::min(n, chunk);
+      got_ += to_sink;
+      chunk -= to_sink;
+      rend_ += n - to_sink;
+      if (!chunk) return true;
     }
   }
 
@@ -534,7 +589,33 @@ class connection : public std::enable_shared_from_this<connection> {
     }
   }
 
+  // Writes the queued frames: gathered (gather_frames), then sent; plain TCP from here
+  // (send_gathered), TLS through its stream's async_write. The next gather runs from a posted
+  // handler, as asio's completion would: the frames the io thread queues meanwhile (answers
+  // to the frames it is parsing) go out together, and acks merge, not a sendmsg each.
   void write_more() {
+    if (!gather_frames()) return;
+    if (tls_) {
+      // A span, not the vector: async_write copies the buffer sequence it is given, and wbufs_
+      // stays untouched until this write completes.
+      asio::async_write(*tls_, std::span<const asio::const_buffer>(wbufs_),
+                        [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
+                          if (ec) return self->lose_link("write: " + ec.message());
+                          self->frames_written();
+                          self->write_more();
+                        });
+      return;
+    }
+    if (send_gathered()) written_then_more();  // else the socket is full: its wait goes on
+  }
+  void written_then_more() {
+    frames_written();
+    asio::post(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
+  }
+
+  // Takes queued frames into inflight_ and their buffers into wbufs_ (and wiov_); false, with
+  // writing_ cleared, when there is nothing to write.
+  bool gather_frames() {
     auto& bufs = wbufs_;
     bufs.clear();
     std::size_t skip = 0;
@@ -542,7 +623,7 @@ class connection : public std::enable_shared_from_this<connection> {
       std::lock_guard lk(qm_);
       if (closed_ || (queue_.empty() && partial_.empty())) {
         writing_ = false;
-        return;
+        return false;
       }
       inflight_.clear();
       if (!partial_.empty()) {
@@ -554,7 +635,7 @@ class connection : public std::enable_shared_from_this<connection> {
       // Gather frames, highest priority first, up to about gather_bytes_: a later
       // higher-priority frame waits for at most this much.
       std::size_t bytes = 0;
-      while (!queue_.empty() && inflight_.size() < 64 &&
+      while (!queue_.empty() && inflight_.size() < max_gathered_frames &&
              (inflight_.empty() || bytes < gather_bytes_)) {
         inflight_.push_back(std::move(queue_.front()));
         queue_.pop();
@@ -579,20 +660,61 @@ class connection : public std::enable_shared_from_this<connection> {
       bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
       if (!bufs.empty()) bufs.front() += skip;
     }
-    // A span, not the vector: async_write copies the buffer sequence it is given, and wbufs_
-    // stays untouched until this write completes.
-    io([&](auto& st) {
-      asio::async_write(st, std::span<const asio::const_buffer>(bufs),
-                        [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                          std::size_t done = 0;
-                          for (auto& f : self->inflight_) done += frame_bytes(f);
-                          self->inflight_.clear();
-                          if (ec) return self->lose_link("write: " + ec.message());
-                          if (!self->closed_flag_) self->queued_bytes_ -= done;
-                          self->maybe_resume();
-                          self->write_more();
-                        });
-    });
+    if (!tls_) {
+      wiov_.clear();
+      for (auto b : bufs) wiov_.push_back({const_cast<void*>(b.data()), b.size()});
+      wnext_ = 0;
+    }
+    return true;
+  }
+
+  // Sends wiov_ from wnext_ in non-blocking sendmsg calls of up to IOV_MAX buffers each: true
+  // once all of it went. When the socket takes no more, false, and a wait for room goes on
+  // with the rest (or the link is lost). asio::async_write hands each sendmsg at most 16
+  // buffers and 64 KiB (its consuming_buffers and transfer_all): small frames, two or three
+  // buffers each, went five or six to a syscall, and the peer woke for each.
+  bool send_gathered() {
+    while (wnext_ < wiov_.size()) {
+      msghdr msg{};
+      msg.msg_iov = wiov_.data() + wnext_;
+      msg.msg_iovlen =
+          static_cast<decltype(msg.msg_iovlen)>(std::min(wiov_.size() - wnext_, max_iovecs));
+      const ssize_t r = ::sendmsg(sock_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          sock_.async_wait(tcp::socket::wait_write,
+                           [self = shared_from_this()](boost::system::error_code ec) {
+                             if (self->closed_flag_) return;
+                             if (ec) return self->lose_link("write: " + ec.message());
+                             if (self->send_gathered()) self->written_then_more();
+                           });
+          return false;
+        }
+        const boost::system::error_code ec(errno, boost::system::system_category());
+        lose_link("write: " + ec.message());
+        return false;
+      }
+      // Skip what went: whole buffers, then the front of a partly sent one.
+      auto left = static_cast<std::size_t>(r);
+      while (left && left >= wiov_[wnext_].iov_len) left -= wiov_[wnext_++].iov_len;
+      if (left) {
+        auto& v = wiov_[wnext_];
+        v.iov_base = static_cast<char*>(v.iov_base) + left;
+        v.iov_len -= left;
+      }
+      while (wnext_ < wiov_.size() && wiov_[wnext_].iov_len == 0) ++wnext_;
+    }
+    return true;
+  }
+
+  // inflight_ is on the wire: its bytes leave the queued count, reading may resume.
+  void frames_written() {
+    std::size_t done = 0;
+    for (auto& f : inflight_) done += frame_bytes(f);
+    inflight_.clear();
+    if (!closed_flag_) queued_bytes_ -= done;
+    maybe_resume();
   }
 
   void lose_link(const std::string& reason) {
@@ -647,6 +769,9 @@ class connection : public std::enable_shared_from_this<connection> {
   bool own_sink_ = false;   // the payload goes to own_, grown as it arrives
   bool link_lost_ = false;  // set on the io thread before fail() (see link_lost)
   std::size_t got_ = 0;
+  // Payloads read straight into their sinks since the io thread last came back from asio.
+  int sink_reads_in_row_ = 0;
+  static constexpr int max_sink_reads_in_row = 16;
 
   // The caller's thread queues frames and the io thread takes them: held briefly by both.
   detail::spin_mutex qm_;
@@ -660,6 +785,11 @@ class connection : public std::enable_shared_from_this<connection> {
   std::size_t partial_skip_ = 0;        // how much of it went
   std::vector<wire::header_bytes> hdrs_;
   std::vector<asio::const_buffer> wbufs_;  // the write in progress: inflight_'s pieces
+  std::vector<iovec> wiov_;                // the same, as sendmsg takes them (plain TCP)
+  std::size_t wnext_ = 0;                  // wiov_'s first buffer not yet sent whole
+  // Frames one write gathers (within gather_bytes_), and buffers one sendmsg passes.
+  static constexpr std::size_t max_gathered_frames = 256;
+  static constexpr std::size_t max_iovecs = IOV_MAX;
 };
 
 }  // namespace kvstore::transport
