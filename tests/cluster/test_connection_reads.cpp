@@ -10,6 +10,7 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -229,4 +230,91 @@ TEST_CASE("frames written and read in bulk arrive whole and in order" * doctest:
   from.connect(server_side.local_endpoint());
   server_side.accept(to);
   stream_and_check(io, std::move(from), std::move(to), 40, 4000);
+}
+
+// The syscalls under a plain connection's writes and payload reads (transport/socket_io.hpp),
+// on a real loopback pair: more buffers in one sendmsg than Asio passes, a read scattered over
+// two buffers in order, and what each says when the socket is full, empty, closed or reset.
+TEST_CASE("socket_io sends many buffers at once and says why it stopped" * doctest::timeout(60)) {
+  asio::io_context io;
+  tcp::acceptor acc(io, {asio::ip::make_address("127.0.0.1"), 0});
+  tcp::socket a(io), b(io);
+  a.connect(acc.local_endpoint());
+  acc.accept(b);
+  const int fa = a.native_handle(), fb = b.native_handle();
+
+  // 300 buffers of 100 bytes: all in one call (asio::async_write passes 16).
+  std::vector<std::byte> out(30000);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = byte_of(1, i);
+  std::vector<iovec> bufs;
+  for (std::size_t i = 0; i < 300; ++i) bufs.push_back({out.data() + 100 * i, 100});
+  const auto sent = transport::send_some(fa, bufs);
+  CHECK(sent.error == 0);
+  CHECK(sent.bytes == out.size());
+
+  // Read back over two buffers at a time, in order, until all arrived.
+  std::vector<std::byte> in(out.size());
+  std::size_t got = 0;
+  for (int tries = 0; got < in.size() && tries < 1000; ++tries) {
+    const std::size_t first = std::min<std::size_t>(7000, in.size() - got);
+    iovec two[2] = {{in.data() + got, first}, {in.data() + got + first, in.size() - got - first}};
+    const auto r = transport::receive_some(fb, two);
+    REQUIRE_FALSE(r.eof);
+    REQUIRE(r.error == 0);
+    if (r.would_block) std::this_thread::sleep_for(1ms);
+    got += r.bytes;
+  }
+  CHECK(got == in.size());
+  CHECK(in == out);
+
+  // Nothing to read now: would_block, no bytes.
+  iovec one{in.data(), in.size()};
+  const auto empty = transport::receive_some(fb, std::span(&one, 1));
+  CHECK(empty.would_block);
+  CHECK(empty.bytes == 0);
+
+  // consume: whole buffers, empty ones, then the front of a partly sent one.
+  std::byte x[15] = {};
+  std::vector<iovec> parts = {{x, 5}, {x + 5, 5}, {x + 10, 0}, {x + 10, 5}};
+  std::size_t next = 0;
+  transport::consume(parts, next, 7);
+  CHECK(next == 1);
+  CHECK(parts[1].iov_len == 3);
+  CHECK(parts[1].iov_base == static_cast<void*>(x + 7));
+  transport::consume(parts, next, 3);
+  CHECK(next == 3);  // past the empty buffer too
+  transport::consume(parts, next, 5);
+  CHECK(next == parts.size());
+
+  // A full socket: would_block, reached within a bounded number of 1 MiB sends.
+  std::vector<std::byte> big(std::size_t{1} << 20);
+  iovec whole{big.data(), big.size()};
+  bool full = false;
+  for (int i = 0; i < 1000 && !full; ++i) {
+    const auto r = transport::send_some(fa, std::span<const iovec>(&whole, 1));
+    REQUIRE(r.error == 0);
+    full = r.would_block;
+  }
+  CHECK(full);
+
+  // A peer that shut its end: this end reads eof. A send on an end shut for sending, and then
+  // closed by the peer, fails with an errno.
+  tcp::socket c(io), d(io);
+  c.connect(acc.local_endpoint());
+  acc.accept(d);
+  c.shutdown(tcp::socket::shutdown_send);
+  iovec into{in.data(), in.size()};
+  transport::socket_io_result eof;
+  for (int i = 0; i < 1000 && !eof.eof; ++i) {
+    eof = transport::receive_some(d.native_handle(), std::span(&into, 1));
+    if (eof.would_block) std::this_thread::sleep_for(1ms);
+  }
+  CHECK(eof.eof);
+  d.close();
+  transport::socket_io_result failed;
+  for (int i = 0; i < 1000 && !failed.error; ++i) {
+    failed = transport::send_some(c.native_handle(), std::span<const iovec>(&whole, 1));
+    if (!failed.error) std::this_thread::sleep_for(1ms);
+  }
+  CHECK((failed.error == EPIPE || failed.error == ECONNRESET));
 }

@@ -15,17 +15,12 @@
 #include <kvstore/transport/out_frame.hpp>
 #include <kvstore/transport/security.hpp>
 #include <kvstore/transport/send_queue.hpp>
+#include <kvstore/transport/socket_io.hpp>
 #include <kvstore/transport/tcp_congestion.hpp>
 #include <kvstore/transport/tls.hpp>
 #include <kvstore/wire/frame.hpp>
 
 #include <boost/asio.hpp>
-
-#include <sys/socket.h>
-#include <sys/uio.h>
-
-#include <cerrno>
-#include <climits>
 
 #include <algorithm>
 #include <array>
@@ -475,40 +470,33 @@ class connection : public std::enable_shared_from_this<connection> {
   bool read_into_sink(std::size_t chunk) {
     for (;;) {
       iovec iov[2] = {{sink_.data() + got_, chunk}, {rbuf_.data() + rend_, rbuf_.size() - rend_}};
-      msghdr msg{};
-      msg.msg_iov = iov;
-      msg.msg_iovlen = 2;
-      const ssize_t r = ::recvmsg(sock_.native_handle(), &msg, MSG_DONTWAIT);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          sock_.async_wait(tcp::socket::wait_read,
-                           [self = shared_from_this(), chunk](boost::system::error_code ec) {
-                             if (self->closed_flag_) return;
-                             if (ec) return self->lose_link("read: " + ec.message());
-                             self->sink_reads_in_row_ = 0;
-                             if (!self->read_into_sink(chunk)) return;
-                             if (self->got_ == self->cur_.payload_len) self->deliver();
-                             self->parse();
-                           });
-          return false;
-        }
-        const boost::system::error_code ec(errno, boost::system::system_category());
-        lose_link("read: " + ec.message());
+      const socket_io_result r = receive_some(sock_.native_handle(), iov);
+      if (r.would_block) {
+        sock_.async_wait(tcp::socket::wait_read,
+                         [self = shared_from_this(), chunk](boost::system::error_code ec) {
+                           if (self->closed_flag_) return;
+                           if (ec) return self->lose_link("read: " + ec.message());
+                           self->sink_reads_in_row_ = 0;
+                           if (!self->read_into_sink(chunk)) return;
+                           if (self->got_ == self->cur_.payload_len) self->deliver();
+                           self->parse();
+                         });
         return false;
       }
-      if (r == 0) {
-        lose_link("closed by peer");
+      if (r.eof || r.error) {
+        lose_link(r.eof ? "closed by peer" : "read: " + errno_message(r.error));
         return false;
       }
       last_rx_ = std::chrono::steady_clock::now();
-      const auto n = static_cast<std::size_t>(r);
-      const std::size_t to_sink = std::min(n, chunk);
+      const std::size_t to_sink = std::min(r.bytes, chunk);
       got_ += to_sink;
       chunk -= to_sink;
-      rend_ += n - to_sink;
+      rend_ += r.bytes - to_sink;
       if (!chunk) return true;
     }
+  }
+  static std::string errno_message(int e) {
+    return boost::system::error_code(e, boost::system::system_category()).message();
   }
 
   // The buffer's unparsed bytes move to its front (parse() leaves fewer than a header's).
@@ -577,16 +565,11 @@ class connection : public std::enable_shared_from_this<connection> {
     add(hdr.data(), hdr.size());
     if (!f.meta.empty()) add(f.meta.data(), f.meta.size());
     if (f.payload_len) add(f.payload, f.payload_len);
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = static_cast<decltype(msg.msg_iovlen)>(n);
-    for (;;) {
-      direct_writers_.fetch_add(1, std::memory_order_relaxed);  // see sync_with_direct_writes
-      const ssize_t r = ::sendmsg(sock_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      direct_writers_.fetch_sub(1, std::memory_order_release);
-      if (r >= 0) return static_cast<std::size_t>(r);
-      if (errno != EINTR) return 0;
-    }
+    direct_writers_.fetch_add(1, std::memory_order_relaxed);  // see sync_with_direct_writes
+    const socket_io_result r =
+        send_some(sock_.native_handle(), std::span<const iovec>(iov, static_cast<std::size_t>(n)));
+    direct_writers_.fetch_sub(1, std::memory_order_release);
+    return r.bytes;
   }
 
   // Writes the queued frames: gathered (gather_frames), then sent; plain TCP from here
@@ -675,35 +658,21 @@ class connection : public std::enable_shared_from_this<connection> {
   // buffers each, went five or six to a syscall, and the peer woke for each.
   bool send_gathered() {
     while (wnext_ < wiov_.size()) {
-      msghdr msg{};
-      msg.msg_iov = wiov_.data() + wnext_;
-      msg.msg_iovlen =
-          static_cast<decltype(msg.msg_iovlen)>(std::min(wiov_.size() - wnext_, max_iovecs));
-      const ssize_t r = ::sendmsg(sock_.native_handle(), &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-          sock_.async_wait(tcp::socket::wait_write,
-                           [self = shared_from_this()](boost::system::error_code ec) {
-                             if (self->closed_flag_) return;
-                             if (ec) return self->lose_link("write: " + ec.message());
-                             if (self->send_gathered()) self->written_then_more();
-                           });
-          return false;
-        }
-        const boost::system::error_code ec(errno, boost::system::system_category());
-        lose_link("write: " + ec.message());
+      const socket_io_result r = send_some(sock_.native_handle(), std::span(wiov_).subspan(wnext_));
+      if (r.would_block) {
+        sock_.async_wait(tcp::socket::wait_write,
+                         [self = shared_from_this()](boost::system::error_code ec) {
+                           if (self->closed_flag_) return;
+                           if (ec) return self->lose_link("write: " + ec.message());
+                           if (self->send_gathered()) self->written_then_more();
+                         });
         return false;
       }
-      // Skip what went: whole buffers, then the front of a partly sent one.
-      auto left = static_cast<std::size_t>(r);
-      while (left && left >= wiov_[wnext_].iov_len) left -= wiov_[wnext_++].iov_len;
-      if (left) {
-        auto& v = wiov_[wnext_];
-        v.iov_base = static_cast<char*>(v.iov_base) + left;
-        v.iov_len -= left;
+      if (r.error) {
+        lose_link("write: " + errno_message(r.error));
+        return false;
       }
-      while (wnext_ < wiov_.size() && wiov_[wnext_].iov_len == 0) ++wnext_;
+      consume(wiov_, wnext_, r.bytes);
     }
     return true;
   }
@@ -787,9 +756,8 @@ class connection : public std::enable_shared_from_this<connection> {
   std::vector<asio::const_buffer> wbufs_;  // the write in progress: inflight_'s pieces
   std::vector<iovec> wiov_;                // the same, as sendmsg takes them (plain TCP)
   std::size_t wnext_ = 0;                  // wiov_'s first buffer not yet sent whole
-  // Frames one write gathers (within gather_bytes_), and buffers one sendmsg passes.
+  // Frames one write gathers (within gather_bytes_).
   static constexpr std::size_t max_gathered_frames = 256;
-  static constexpr std::size_t max_iovecs = IOV_MAX;
 };
 
 }  // namespace kvstore::transport
