@@ -596,11 +596,9 @@ class connection : public std::enable_shared_from_this<connection> {
     asio::post(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
   }
 
-  // Takes queued frames into inflight_ and their buffers into wbufs_ (and wiov_); false, with
-  // writing_ cleared, when there is nothing to write.
+  // Takes queued frames into inflight_ and their buffers into wiov_ from wnext_ (and, with TLS,
+  // wbufs_); false, with writing_ cleared, when there is nothing to write.
   bool gather_frames() {
-    auto& bufs = wbufs_;
-    bufs.clear();
     std::size_t skip = 0;
     {
       std::lock_guard lk(qm_);
@@ -625,28 +623,27 @@ class connection : public std::enable_shared_from_this<connection> {
         bytes += frame_bytes(inflight_.back());
       }
     }
+    wiov_.clear();
+    auto add = [&](const void* p, std::size_t len) {
+      wiov_.push_back({const_cast<void*>(p), len});
+    };
     hdrs_.resize(inflight_.size());
     for (std::size_t i = 0; i < inflight_.size(); ++i) {
       auto& f = inflight_[i];
       hdrs_[i] = wire::encode(f.h);
-      bufs.emplace_back(hdrs_[i].data(), hdrs_[i].size());
-      if (!f.meta.empty()) bufs.emplace_back(f.meta.data(), f.meta.size());
+      add(hdrs_[i].data(), hdrs_[i].size());
+      if (!f.meta.empty()) add(f.meta.data(), f.meta.size());
       if (!f.pieces.empty())
-        for (auto piece : f.pieces) bufs.emplace_back(piece.data(), piece.size());
+        for (auto piece : f.pieces) add(piece.data(), piece.size());
       else if (f.payload_len)
-        bufs.emplace_back(f.payload, f.payload_len);
+        add(f.payload, f.payload_len);
     }
-    if (skip) {
-      // Drop the bytes write_now already sent.
-      std::size_t i = 0;
-      while (i < bufs.size() && skip >= bufs[i].size()) skip -= bufs[i++].size();
-      bufs.erase(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(i));
-      if (!bufs.empty()) bufs.front() += skip;
-    }
-    if (!tls_) {
-      wiov_.clear();
-      for (auto b : bufs) wiov_.push_back({const_cast<void*>(b.data()), b.size()});
-      wnext_ = 0;
+    wnext_ = 0;
+    consume(wiov_, wnext_, skip);  // the bytes write_now already sent
+    if (tls_) {
+      wbufs_.clear();
+      for (std::size_t i = wnext_; i < wiov_.size(); ++i)
+        wbufs_.emplace_back(wiov_[i].iov_base, wiov_[i].iov_len);
     }
     return true;
   }
@@ -753,9 +750,9 @@ class connection : public std::enable_shared_from_this<connection> {
   std::atomic<int> direct_writers_{0};  // callers inside write_now's sendmsg (0 or 1: qm_ held)
   std::size_t partial_skip_ = 0;        // how much of it went
   std::vector<wire::header_bytes> hdrs_;
-  std::vector<asio::const_buffer> wbufs_;  // the write in progress: inflight_'s pieces
-  std::vector<iovec> wiov_;                // the same, as sendmsg takes them (plain TCP)
+  std::vector<iovec> wiov_;                // the write in progress: inflight_'s pieces
   std::size_t wnext_ = 0;                  // wiov_'s first buffer not yet sent whole
+  std::vector<asio::const_buffer> wbufs_;  // the rest of wiov_, as TLS's async_write takes them
   // Frames one write gathers (within gather_bytes_).
   static constexpr std::size_t max_gathered_frames = 256;
 };
