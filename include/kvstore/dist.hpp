@@ -717,10 +717,12 @@ class KVStore<dist, T> {
     return st;
   }
 
-  // The shared state of a new op of `parts` parts; its wait() spins as the options say.
+  // The shared state of a new op of `parts` parts; its wait() spins as the options say, and
+  // first sends the pushes fusion holds back.
   std::shared_ptr<detail::op_state> new_state(std::size_t parts) const {
     auto st = detail::make_pooled<detail::op_state>(parts);
     st->spin_us = static_cast<unsigned>(impl_->opts.wait_spin.count());
+    st->hurry = impl_->fuse.hook();
     return st;
   }
 

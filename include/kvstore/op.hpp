@@ -18,6 +18,16 @@
 namespace kvstore {
 
 namespace detail {
+/// What a wait on an op not yet done first asks of the store that made it: to send now what it
+/// holds back for a while (small-key fusion's waiting pushes, client/fusion.hpp), so a caller
+/// that waits never pays that while. The store outlives every op of its that is not done.
+struct wait_hook {
+  virtual void before_wait() = 0;
+
+ protected:
+  ~wait_hook() = default;
+};
+
 /// Shared state of one asynchronous operation made of `remaining` parts (one per key, slice or
 /// message). The first error wins; the op is done when every part has completed. The same state
 /// fans requests in inside the library: `then`, when set, runs once with the first error (or
@@ -34,6 +44,7 @@ struct op_state {
   std::atomic<bool> finished{false};  // remaining reached 0 (read without the lock by spinners)
   unsigned spin_us = 0;               // wait() polls `finished` this long before sleeping
   unsigned sleepers = 0;              // threads asleep in wait_done (under m)
+  wait_hook* hurry = nullptr;         // asked by wait() before it waits (set before shared)
   continuation then;
 
   /// Sleeps until every part has completed (`lk` holds m). The last part wakes only ops that
@@ -76,6 +87,7 @@ class op {
   /// Blocks until done; throws the operation's error, if any.
   void wait() const {
     if (!s_) return;
+    if (s_->hurry && !s_->finished.load(std::memory_order_acquire)) s_->hurry->before_wait();
     if (s_->spin_us && !s_->finished.load(std::memory_order_acquire)) spin();
     std::unique_lock lk(s_->m);
     s_->wait_done(lk);
@@ -98,7 +110,10 @@ class op {
   template <class F>
   op then(F f) const {
     auto next = std::make_shared<detail::op_state>(1);
-    if (s_) next->spin_us = s_->spin_us;  // waits on it like on this one
+    if (s_) {  // waits on it like on this one
+      next->spin_us = s_->spin_us;
+      next->hurry = s_->hurry;
+    }
     auto run = [next, f = std::move(f)](std::exception_ptr e) mutable {
       try {
         f(e);

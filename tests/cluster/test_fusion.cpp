@@ -6,8 +6,10 @@
 #include "support/helpers.hpp"
 #include "support/tcp_bytes.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <span>
+#include <thread>
 #include <vector>
 
 // One-key pushes of small keys fused across calls (client/fusion.hpp, issue 12): exact sums in
@@ -117,6 +119,93 @@ TEST_CASE("a fused key's push waits for its own round only, not for the others i
     }
     kv.barrier();
   });
+}
+
+TEST_CASE("an op's wait sends the pushes fusion holds back, not after fuse_time" *
+          doctest::timeout(120)) {
+  // Worker 0's push of key 1 is fused (its push of key 0 is in flight: worker 1 pushes key 0
+  // only after the barrier), and worker 1's push of key 1 waits for it. With fuse_time at 30 s
+  // only the wait on the op itself (op::wait, not wait_all) can send it in time.
+  auto o = kvtest::test_options(2, 1);
+  o.fuse_bytes = 64 << 10;
+  o.fuse_time = std::chrono::seconds(30);
+  o.request_timeout = std::chrono::seconds(60);
+  o.barrier_timeout = std::chrono::seconds(60);
+  kvtest::cluster c(o);
+  double waited = -1;
+  c.run_workers([&](KVStore<dist>& kv) {
+    for (int k = 0; k < 2; ++k) kv.init(k, filled(1, 0.0f));
+    kv.barrier();
+    const float one = 1;
+    if (kv.rank() == 0) {
+      auto p0 = kv.push(0, std::span<const float>(&one, 1));
+      auto p1 = kv.push(1, std::span<const float>(&one, 1));
+      const auto t0 = std::chrono::steady_clock::now();
+      p1.wait();
+      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      kv.barrier();
+      p0.wait();
+    } else {
+      kv.push(1, std::span<const float>(&one, 1)).wait();
+      kv.barrier();
+      kv.push(0, std::span<const float>(&one, 1)).wait();
+    }
+    std::vector<float> out(1);
+    for (int k = 0; k < 2; ++k) {
+      kv.pull(k, out).wait();
+      CHECK(out[0] == 2.0f);
+    }
+    kv.barrier();
+  });
+  CHECK(waited >= 0);
+  CHECK(waited < 10.0);
+}
+
+TEST_CASE("a request to a server sends the pushes fusion holds for it first" *
+          doctest::timeout(120)) {
+  // As above, but worker 0 does not wait on its fused push of key 1: it pulls key 2 from the
+  // same server, and that request must send the fused push before it (nothing queued later
+  // overtakes a fused push), so the push completes long before fuse_time (30 s) runs out.
+  auto o = kvtest::test_options(2, 1);
+  o.fuse_bytes = 64 << 10;
+  o.fuse_time = std::chrono::seconds(30);
+  o.request_timeout = std::chrono::seconds(60);
+  o.barrier_timeout = std::chrono::seconds(60);
+  kvtest::cluster c(o);
+  double took = -1;
+  c.run_workers([&](KVStore<dist>& kv) {
+    for (int k = 0; k < 3; ++k) kv.init(k, filled(1, 0.0f));
+    kv.barrier();
+    const float one = 1;
+    if (kv.rank() == 0) {
+      auto p0 = kv.push(0, std::span<const float>(&one, 1));
+      auto p1 = kv.push(1, std::span<const float>(&one, 1));
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<float> got(1, -1.0f);
+      auto pull2 = kv.pull(2, got);
+      // Polled, not waited on: a wait would send the fused push itself (op::wait).
+      while (!p1.ready() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15))
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      pull2.wait();
+      CHECK(got[0] == 0.0f);
+      kv.barrier();
+      p0.wait();
+      p1.wait();
+    } else {
+      kv.push(1, std::span<const float>(&one, 1)).wait();
+      kv.barrier();
+      kv.push(0, std::span<const float>(&one, 1)).wait();
+    }
+    std::vector<float> out(1);
+    for (int k = 0; k < 2; ++k) {
+      kv.pull(k, out).wait();
+      CHECK(out[0] == 2.0f);
+    }
+    kv.barrier();
+  });
+  CHECK(took >= 0);
+  CHECK(took < 10.0);
 }
 
 TEST_CASE("per-key order: a pull issued after fused pushes sees them" * doctest::timeout(60)) {

@@ -19,6 +19,7 @@
 #include <kvstore/wire/messages.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -33,7 +34,7 @@
 namespace kvstore::detail {
 
 template <class T>
-class fusion {
+class fusion final : public wait_hook, public worker_client::send_hook {
   static constexpr wire::dtype dtype = wire::dtype_of<T>();
 
  public:
@@ -44,7 +45,14 @@ class fusion {
         on_(c.options().fuse_bytes > 0 && c.options().server_restart_wait.count() == 0),
         bytes_(c.options().fuse_bytes),
         time_(c.options().fuse_time),
-        servers_(static_cast<std::size_t>(c.num_servers())) {}
+        servers_(static_cast<std::size_t>(c.num_servers())) {
+    if (on_) client_.set_before_send(this);
+  }
+  ~fusion() {
+    if (on_) client_.set_before_send(nullptr);
+  }
+  fusion(const fusion&) = delete;
+  fusion& operator=(const fusion&) = delete;
 
   /// Takes the push of key m (small, plain, whole on server m.home: the caller checks) when it
   /// should wait for others, moving `done` out; false (done untouched) when it should go alone.
@@ -65,6 +73,7 @@ class fusion {
     r.done = make_pooled<op_state>(1, std::move(done));
     r.what = {call_kind::push, &m.k};
     p.reqs.push_back(std::move(r));
+    waiting_.fetch_add(1, std::memory_order_release);
     p.priority = p.reqs.size() == 1 ? priority : std::max(p.priority, priority);
     if (p.meta.size() + p.values * sizeof(T) >= bytes_) {
       flush_locked(s, lk);  // unlocks
@@ -79,8 +88,21 @@ class fusion {
     return true;
   }
 
+  /// The hook a worker's ops carry (op_state::hurry) while fusion is on, else nullptr.
+  wait_hook* hook() noexcept { return on_ ? this : nullptr; }
+  /// A caller waits on an op that is not done (op::wait): what waits goes now.
+  void before_wait() override { flush_all(); }
+  /// Another request goes to server s (a pull, a push that is not fused, a batch): the pushes
+  /// waiting for s go first, so no frame queued later overtakes them (nor, by priority, one of
+  /// a lower priority). Nothing to lock while no push waits anywhere.
+  void before_send(int s) override {
+    if (waiting_.load(std::memory_order_acquire) == 0) return;
+    std::unique_lock lk(m_);
+    flush_locked(s, lk);  // unlocks when it sends
+  }
+
   /// Sends every server's waiting pushes now: for a caller about to wait for them (wait,
-  /// wait_all) and before a barrier, so neither waits out fuse_time.
+  /// wait_all, op::wait) and before a barrier, so none waits out fuse_time.
   void flush_all() {
     if (!on_) return;
     for (std::size_t s = 0; s < servers_.size(); ++s) {
@@ -121,6 +143,7 @@ class fusion {
     f.pieces = std::move(p.pieces);
     f.meta = std::move(p.meta);
     std::vector<worker_client::request> reqs = std::move(p.reqs);
+    waiting_.fetch_sub(keys, std::memory_order_release);
     p.meta.clear();
     p.pieces.clear();
     p.values = 0;
@@ -138,6 +161,7 @@ class fusion {
   const std::chrono::microseconds time_;
   std::mutex m_;
   std::vector<pending> servers_;
+  std::atomic<std::size_t> waiting_{0};  // pushes in servers_, together (changed under m_)
 };
 
 }  // namespace kvstore::detail
