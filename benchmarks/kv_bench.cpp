@@ -403,7 +403,7 @@ kvstore::dist_options cluster_options(int workers, int servers) {
   // KVSTORE_SERVER_THREADS=1 measures servers that apply updates on their io thread alone.
   if (const char* v = std::getenv("KVSTORE_SERVER_THREADS"))
     o.server_threads = static_cast<unsigned>(std::atoi(v));
-  // KVSTORE_FUSE_BYTES=65536 measures one-key pushes with small-key fusion (off by default).
+  // KVSTORE_FUSE_BYTES=0 measures one-key pushes without small-key fusion (on by default).
   if (const char* v = std::getenv("KVSTORE_FUSE_BYTES"))
     o.fuse_bytes = static_cast<std::size_t>(std::atoll(v));
   // KVSTORE_PIPELINE_DEPTH=1 measures ops of one key that each wait for the previous answer.

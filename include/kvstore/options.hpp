@@ -181,11 +181,12 @@ struct dist_options {
   /// Small-key fusion across calls: while something is in flight to a server, one-key pushes of
   /// small plain keys to it wait up to fuse_time and go out together in one frame of at most
   /// fuse_bytes (answered key by key, so no key's op waits for another's round). A push behind
-  /// an op of its own key still on the wire is not fused: it streams (pipeline_depth). 0 (the
-  /// default): off; also off while server_restart_wait is set. Opt-in: it sends fewer bytes,
-  /// but on loopback it is not faster in every case (the README's numbers).
-  /// KVSTORE_FUSE_BYTES, KVSTORE_FUSE_US.
-  std::size_t fuse_bytes = 0;
+  /// an op of its own key still on the wire is not fused: it streams (pipeline_depth).
+  /// 64 KiB by default; 0 turns it off. Off while server_restart_wait is set (a fused frame is
+  /// not kept for a re-send). With nothing in flight to the server a push goes at once, and
+  /// wait, wait_all and barrier send what waits, so an idle link or a waiting caller never pays
+  /// fuse_time. KVSTORE_FUSE_BYTES, KVSTORE_FUSE_US.
+  std::size_t fuse_bytes = std::size_t{64} << 10;
   std::chrono::microseconds fuse_time{100};
   /// Per-key pipelining: how many one-key pushes and pulls of one key may be on the wire before
   /// the first is answered. Ops on a key still take effect in issue order (one connection per

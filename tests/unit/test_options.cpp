@@ -507,7 +507,10 @@ TEST_CASE("KVSTORE_STALENESS: a count of pushes or unbounded; negative or junk n
   g.set("KVSTORE_SERVER_THREADS", "-2");
   check_error_names("KVSTORE_SERVER_THREADS");
   g.unset("KVSTORE_SERVER_THREADS");
-  CHECK(dist_options::from_env().fuse_bytes == 0);  // off unless asked for
+  CHECK(dist_options::from_env().fuse_bytes == 65536);  // on by default
+  CHECK(dist_options::from_env().fuse_time == std::chrono::microseconds(100));
+  g.set("KVSTORE_FUSE_BYTES", "0");  // off
+  CHECK(dist_options::from_env().fuse_bytes == 0);
   CHECK(dist_options::from_env().fuse_time == std::chrono::microseconds(100));
   g.set("KVSTORE_FUSE_BYTES", "65536");
   g.set("KVSTORE_FUSE_US", "250");
