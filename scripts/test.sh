@@ -11,7 +11,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Tests (ctest names = target names = tests/<kind>/<name>.cpp) also run under both sanitizers.
 # Add yours here; names whose source does not exist yet are skipped.
-SANITIZER_TESTS=(test_engine test_call_plan test_frame_plans test_key_map test_ranks test_coverage test_spin_mutex test_send_queue test_request_table test_handshake test_local_stress test_dist_sync test_shard test_compression test_shard_batch test_batch test_apply_pool test_fusion test_shard_parked test_pipeline test_block_pool test_connection_reads test_dist_faults)
+SANITIZER_TESTS=(test_engine test_call_plan test_frame_plans test_key_map test_ranks test_coverage test_spin_mutex test_send_queue test_request_table test_handshake test_local_stress test_dist_sync test_shard test_compression test_shard_batch test_batch test_apply_pool test_fusion test_shard_parked test_pipeline test_block_pool test_connection_reads test_frame_writer test_dist_faults)
 
 source scripts/lib.sh
 bash scripts/setup-deps.sh

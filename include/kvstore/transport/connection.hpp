@@ -1,20 +1,19 @@
 // One framed TCP connection over Boost.Asio: a buffered frame reader that hands payloads to a
-// sink chosen by the owner (so a pull's answer lands straight in the caller's buffer), and a send
-// queue (transport/send_queue.hpp: priority desc, then order queued) whose frames are written
-// with scatter/gather straight from the caller's buffers. All socket work happens on the
+// sink chosen by the owner (so a pull's answer lands straight in the caller's buffer), and the
+// writes of its send side (transport/frame_writer.hpp: the queue, direct writes, gathered
+// writes straight from the caller's buffers), driven here. All socket work happens on the
 // connection's executor (one io thread per process); send() may be called from any thread.
 // Before any of that, TLS (when on) and the token handshake, whose rules are
 // transport/handshake.hpp's: this file only reads and writes its frames.
 #pragma once
 
 #include <kvstore/detail/log.hpp>
-#include <kvstore/detail/spin_mutex.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/transport/endpoint.hpp>
+#include <kvstore/transport/frame_writer.hpp>
 #include <kvstore/transport/handshake.hpp>
 #include <kvstore/transport/out_frame.hpp>
 #include <kvstore/transport/security.hpp>
-#include <kvstore/transport/send_queue.hpp>
 #include <kvstore/transport/socket_io.hpp>
 #include <kvstore/transport/tcp_congestion.hpp>
 #include <kvstore/transport/tls.hpp>
@@ -31,11 +30,9 @@
 #include <functional>
 #include <iostream>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 namespace kvstore::transport {
@@ -82,7 +79,7 @@ class connection : public std::enable_shared_from_this<connection> {
         handler_(&handler),
         limits_(lim),
         sec_(std::move(sec)),
-        gather_bytes_(gather_bytes),
+        writer_(gather_bytes),
         remote_(remote_address(sock_)),
         hs_(sec_, remote_) {
     boost::system::error_code ec;
@@ -110,46 +107,19 @@ class connection : public std::enable_shared_from_this<connection> {
   /// gathers into fewer, larger writes. A frame in pieces (out_frame::pieces) always goes
   /// through the io thread.
   void send(out_frame&& f, bool may_write_now = false) {
-    f.h.payload_len = f.payload_len;
-    f.h.meta_len = static_cast<std::uint32_t>(f.meta.size());
-    bool start = false;
-    {
-      std::lock_guard lk(qm_);
-      if (closed_) return;
-      // authed_ is stored after tls_ is set, so tls_ is safe to read once authed_ is seen true.
-      if (may_write_now && f.pieces.empty() && !writing_ && queue_.empty() && authed_.load() &&
-          !tls_) {
-        const std::size_t sent = write_now(f);
-        if (sent == wire::header_size + f.meta.size() + f.payload_len) return;
-        // The rest goes first, from the io thread.
-        queued_bytes_ += frame_bytes(f);
-        partial_.push_back(std::move(f));
-        partial_skip_ = sent;
-        writing_ = true;
-        start = true;
-      } else {
-        const std::size_t bytes = frame_bytes(f);
-        if (queue_.push(std::move(f))) queued_bytes_ += bytes;  // (else merged into an ack)
-        if (!writing_ && authed_) {
-          writing_ = true;
-          start = true;
-        }
-      }
-    }
+    // authed_ is stored after tls_ is set, so tls_ is safe to read once authed_ is seen true.
+    const bool open = authed_.load();
+    const int direct_fd = may_write_now && open && !tls_ ? sock_.native_handle() : -1;
     // On the connection's own io thread (a server answering inside its frame handler) the write
     // starts at once; from any other thread it is posted there.
-    if (start)
+    if (writer_.queue(std::move(f), direct_fd, open) == frame_writer::queued::start)
       asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
   }
 
   /// Queues `h`, an ok answer to pushes (wire::acks_header, sender set); thread-safe. When it
   /// continues the acks queued last it extends them in place, with no frame built or moved.
   void send_acks(const wire::header& h) {
-    {
-      std::lock_guard lk(qm_);
-      if (closed_) return;
-      if (queue_.extend_acks(h)) return;
-    }
+    if (writer_.extend_acks(h)) return;
     out_frame f;
     f.h = h;
     send(std::move(f));
@@ -161,9 +131,7 @@ class connection : public std::enable_shared_from_this<connection> {
   /// syscall): a worker calls this before completing a request on its answer, so a caller that
   /// frees a pushed buffer once its op is done never races the call still reading it. The wait
   /// is at most the rest of one non-blocking sendmsg.
-  void sync_with_direct_writes() const noexcept {
-    while (direct_writers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
-  }
+  void sync_with_direct_writes() const noexcept { writer_.sync_with_direct_writes(); }
 
   /// Closes the connection (from any thread); the handler's on_close runs once with `reason`.
   void close(std::string reason) {
@@ -187,7 +155,7 @@ class connection : public std::enable_shared_from_this<connection> {
   const std::string& binding() const noexcept { return hs_.binding(); }
 
   /// Bytes of frames queued and not yet taken by the socket.
-  std::size_t queued_bytes() const noexcept { return queued_bytes_.load(); }
+  std::size_t queued_bytes() const noexcept { return writer_.queued_bytes(); }
 
   bool is_closed() const noexcept { return closed_flag_.load(); }
   /// Closed by the link, not by a refusal: the peer closed it or a read or write failed, or a
@@ -314,12 +282,7 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   void start_writing() {
-    {
-      std::lock_guard lk(qm_);
-      if (writing_ || queue_.empty() || closed_) return;
-      writing_ = true;
-    }
-    write_more();
+    if (writer_.begin_writing()) write_more();
   }
 
   // Handshake deadline, then (if set) the idle deadline, checked a few times per period.
@@ -537,15 +500,12 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   // ---- pausing ------------------------------------------------------------------------------
-  static std::size_t frame_bytes(const out_frame& f) {
-    return wire::header_size + f.meta.size() + f.payload_len;
-  }
   // Reading waits while the owner paused it, or while the peer leaves more than
   // max_queued_bytes of answers unread (it goes on below half of that).
   bool must_stall() const {
     if (paused_by_owner_) return true;
     const std::size_t cap = sec_.max_queued_bytes;
-    return proven_ && cap && queued_bytes_.load() > (stalled_ ? cap / 2 : cap);
+    return proven_ && cap && writer_.queued_bytes() > (stalled_ ? cap / 2 : cap);
   }
   void maybe_resume() {
     if (!stalled_ || closed_flag_ || closing_ || must_stall()) return;
@@ -554,34 +514,16 @@ class connection : public std::enable_shared_from_this<connection> {
   }
 
   // ---- writing ------------------------------------------------------------------------------
-  // One non-blocking sendmsg of a whole frame from the calling thread (qm_ held, so no io-thread
-  // write interleaves). Returns the bytes the socket took; 0 on EAGAIN or an error, which the io
-  // thread's write of the rest then meets and reports.
-  std::size_t write_now(const out_frame& f) {
-    const auto hdr = wire::encode(f.h);
-    iovec iov[3];
-    int n = 0;
-    auto add = [&](const void* p, std::size_t len) { iov[n++] = {const_cast<void*>(p), len}; };
-    add(hdr.data(), hdr.size());
-    if (!f.meta.empty()) add(f.meta.data(), f.meta.size());
-    if (f.payload_len) add(f.payload, f.payload_len);
-    direct_writers_.fetch_add(1, std::memory_order_relaxed);  // see sync_with_direct_writes
-    const socket_io_result r =
-        send_some(sock_.native_handle(), std::span<const iovec>(iov, static_cast<std::size_t>(n)));
-    direct_writers_.fetch_sub(1, std::memory_order_release);
-    return r.bytes;
-  }
-
-  // Writes the queued frames: gathered (gather_frames), then sent; plain TCP from here
-  // (send_gathered), TLS through its stream's async_write. The next gather runs from a posted
-  // handler, as asio's completion would: the frames the io thread queues meanwhile (answers
-  // to the frames it is parsing) go out together, and acks merge, not a sendmsg each.
+  // Writes the queued frames: gathered (frame_writer::gather), then sent; plain TCP with the
+  // writer's own sendmsg calls (send_gathered), TLS through its stream's async_write. The next
+  // gather runs from a posted handler, as asio's completion would: the frames the io thread
+  // queues meanwhile (answers to the frames it is parsing) go out together, and acks merge, not
+  // a sendmsg each.
   void write_more() {
-    if (!gather_frames()) return;
+    if (!writer_.gather(tls_ != nullptr)) return;
     if (tls_) {
-      // A span, not the vector: async_write copies the buffer sequence it is given, and wbufs_
-      // stays untouched until this write completes.
-      asio::async_write(*tls_, std::span<const asio::const_buffer>(wbufs_),
+      // The writer's buffers stay untouched until this write completes.
+      asio::async_write(*tls_, writer_.tls_buffers(),
                         [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
                           if (ec) return self->lose_link("write: " + ec.message());
                           self->frames_written();
@@ -596,90 +538,30 @@ class connection : public std::enable_shared_from_this<connection> {
     asio::post(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
   }
 
-  // Takes queued frames into inflight_ and their buffers into wiov_ from wnext_ (and, with TLS,
-  // wbufs_); false, with writing_ cleared, when there is nothing to write.
-  bool gather_frames() {
-    std::size_t skip = 0;
-    {
-      std::lock_guard lk(qm_);
-      if (closed_ || (queue_.empty() && partial_.empty())) {
-        writing_ = false;
-        return false;
-      }
-      inflight_.clear();
-      if (!partial_.empty()) {
-        // A frame the caller's thread began (write_now): its rest goes before anything else.
-        inflight_.swap(partial_);
-        skip = partial_skip_;
-        partial_skip_ = 0;
-      }
-      // Gather frames, highest priority first, up to about gather_bytes_: a later
-      // higher-priority frame waits for at most this much.
-      std::size_t bytes = 0;
-      while (!queue_.empty() && inflight_.size() < max_gathered_frames &&
-             (inflight_.empty() || bytes < gather_bytes_)) {
-        inflight_.push_back(std::move(queue_.front()));
-        queue_.pop();
-        bytes += frame_bytes(inflight_.back());
-      }
-    }
-    wiov_.clear();
-    auto add = [&](const void* p, std::size_t len) {
-      wiov_.push_back({const_cast<void*>(p), len});
-    };
-    hdrs_.resize(inflight_.size());
-    for (std::size_t i = 0; i < inflight_.size(); ++i) {
-      auto& f = inflight_[i];
-      hdrs_[i] = wire::encode(f.h);
-      add(hdrs_[i].data(), hdrs_[i].size());
-      if (!f.meta.empty()) add(f.meta.data(), f.meta.size());
-      if (!f.pieces.empty())
-        for (auto piece : f.pieces) add(piece.data(), piece.size());
-      else if (f.payload_len)
-        add(f.payload, f.payload_len);
-    }
-    wnext_ = 0;
-    consume(wiov_, wnext_, skip);  // the bytes write_now already sent
-    if (tls_) {
-      wbufs_.clear();
-      for (std::size_t i = wnext_; i < wiov_.size(); ++i)
-        wbufs_.emplace_back(wiov_[i].iov_base, wiov_[i].iov_len);
-    }
-    return true;
-  }
-
-  // Sends wiov_ from wnext_ in non-blocking sendmsg calls of up to IOV_MAX buffers each: true
-  // once all of it went. When the socket takes no more, false, and a wait for room goes on
-  // with the rest (or the link is lost). asio::async_write hands each sendmsg at most 16
-  // buffers and 64 KiB (its consuming_buffers and transfer_all): small frames, two or three
-  // buffers each, went five or six to a syscall, and the peer woke for each.
+  // Sends the gathered write: true once all of it went. When the socket takes no more, false,
+  // and a wait for room goes on with the rest (or the link is lost). asio::async_write hands
+  // each sendmsg at most 16 buffers and 64 KiB (its consuming_buffers and transfer_all): small
+  // frames, two or three buffers each, went five or six to a syscall, and the peer woke for
+  // each.
   bool send_gathered() {
-    while (wnext_ < wiov_.size()) {
-      const socket_io_result r = send_some(sock_.native_handle(), std::span(wiov_).subspan(wnext_));
-      if (r.would_block) {
-        sock_.async_wait(tcp::socket::wait_write,
-                         [self = shared_from_this()](boost::system::error_code ec) {
-                           if (self->closed_flag_) return;
-                           if (ec) return self->lose_link("write: " + ec.message());
-                           if (self->send_gathered()) self->written_then_more();
-                         });
-        return false;
-      }
-      if (r.error) {
-        lose_link("write: " + errno_message(r.error));
-        return false;
-      }
-      consume(wiov_, wnext_, r.bytes);
+    const frame_writer::send_result r = writer_.send(sock_.native_handle());
+    if (r.done) return true;
+    if (r.error) {
+      lose_link("write: " + errno_message(r.error));
+      return false;
     }
-    return true;
+    sock_.async_wait(tcp::socket::wait_write,
+                     [self = shared_from_this()](boost::system::error_code ec) {
+                       if (self->closed_flag_) return;
+                       if (ec) return self->lose_link("write: " + ec.message());
+                       if (self->send_gathered()) self->written_then_more();
+                     });
+    return false;
   }
 
-  // inflight_ is on the wire: its bytes leave the queued count, reading may resume.
+  // The gathered frames are on the wire: their bytes leave the queued count, reading may resume.
   void frames_written() {
-    std::size_t done = 0;
-    for (auto& f : inflight_) done += frame_bytes(f);
-    inflight_.clear();
-    if (!closed_flag_) queued_bytes_ -= done;
+    writer_.written();
     maybe_resume();
   }
 
@@ -689,13 +571,7 @@ class connection : public std::enable_shared_from_this<connection> {
   }
   void fail(const std::string& reason) {
     if (closed_flag_.exchange(true)) return;
-    {
-      std::lock_guard lk(qm_);
-      closed_ = true;
-      queue_.clear();
-      partial_.clear();
-      queued_bytes_ = 0;
-    }
+    writer_.close();
     boost::system::error_code ec;
     timer_.cancel();
     sock_.shutdown(tcp::socket::shutdown_both, ec);
@@ -712,14 +588,13 @@ class connection : public std::enable_shared_from_this<connection> {
   wire::limits limits_;
   wire::limits full_limits_;
   security sec_;
-  std::size_t gather_bytes_;
+  frame_writer writer_;
   std::atomic<bool> authed_{false};  // this end's handshake frames are out: frames may follow
   std::atomic<bool> proven_{false};  // the peer proved the token (and its role)
   std::string hs_meta_;
   bool paused_by_owner_ = false;  // pause_reading()
   bool stalled_ = false;          // parse() stopped at a frame boundary; maybe_resume() goes on
-  std::atomic<std::size_t> queued_bytes_{0};
-  bool closing_ = false;  // refused: reading stops, the refusal is being written
+  bool closing_ = false;          // refused: reading stops, the refusal is being written
   wire::header_bytes hs_hdr_{};
   std::chrono::steady_clock::time_point last_rx_{};
   std::string remote_;
@@ -739,22 +614,7 @@ class connection : public std::enable_shared_from_this<connection> {
   int sink_reads_in_row_ = 0;
   static constexpr int max_sink_reads_in_row = 16;
 
-  // The caller's thread queues frames and the io thread takes them: held briefly by both.
-  detail::spin_mutex qm_;
-  send_queue queue_;
-  bool writing_ = false;
-  bool closed_ = false;
   std::atomic<bool> closed_flag_{false};
-  std::vector<out_frame> inflight_;
-  std::vector<out_frame> partial_;      // a frame the caller's thread sent in part (write_now)
-  std::atomic<int> direct_writers_{0};  // callers inside write_now's sendmsg (0 or 1: qm_ held)
-  std::size_t partial_skip_ = 0;        // how much of it went
-  std::vector<wire::header_bytes> hdrs_;
-  std::vector<iovec> wiov_;                // the write in progress: inflight_'s pieces
-  std::size_t wnext_ = 0;                  // wiov_'s first buffer not yet sent whole
-  std::vector<asio::const_buffer> wbufs_;  // the rest of wiov_, as TLS's async_write takes them
-  // Frames one write gathers (within gather_bytes_).
-  static constexpr std::size_t max_gathered_frames = 256;
 };
 
 }  // namespace kvstore::transport
