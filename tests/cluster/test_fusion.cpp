@@ -61,6 +61,17 @@ double push_many(kvstore::dist_options o) {
   return per_push[0];
 }
 
+// Two workers and one server, fusion on with `fuse_time`; requests and barriers wait `timeout`.
+kvstore::dist_options two_workers_fused(std::chrono::microseconds fuse_time,
+                                        std::chrono::milliseconds timeout) {
+  auto o = kvtest::test_options(2, 1);
+  o.fuse_bytes = 64 << 10;
+  o.fuse_time = fuse_time;
+  o.request_timeout = timeout;
+  o.barrier_timeout = timeout;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("separate small pushes issued together are fused: exact sums, fewer bytes" *
@@ -87,12 +98,7 @@ TEST_CASE("a fused key's push waits for its own round only, not for the others i
   // Worker 0 fuses keys 1 and 2 (key 0 is in flight) and waits for key 1; worker 1 pushes key 2
   // only after a barrier that worker 0 reaches after that wait. Answered per frame, worker 0
   // would wait for key 2's round, which waits for worker 1 at the barrier: a deadlock.
-  auto o = kvtest::test_options(2, 1);
-  o.fuse_bytes = 64 << 10;
-  o.fuse_time = std::chrono::microseconds(2000);
-  o.request_timeout = std::chrono::milliseconds(10'000);
-  o.barrier_timeout = std::chrono::milliseconds(10'000);
-  kvtest::cluster c(o);
+  kvtest::cluster c(two_workers_fused(std::chrono::microseconds(2000), std::chrono::seconds(10)));
   c.run_workers([&](KVStore<dist>& kv) {
     for (int k = 0; k < 3; ++k) kv.init(k, filled(1, 0.0f));
     kv.barrier();
@@ -121,30 +127,30 @@ TEST_CASE("a fused key's push waits for its own round only, not for the others i
   });
 }
 
-TEST_CASE("an op's wait sends the pushes fusion holds back, not after fuse_time" *
-          doctest::timeout(120)) {
-  // Worker 0's push of key 1 is fused (its push of key 0 is in flight: worker 1 pushes key 0
-  // only after the barrier), and worker 1's push of key 1 waits for it. With fuse_time at 30 s
-  // only the wait on the op itself (op::wait, not wait_all) can send it in time.
-  auto o = kvtest::test_options(2, 1);
-  o.fuse_bytes = 64 << 10;
-  o.fuse_time = std::chrono::seconds(30);
-  o.request_timeout = std::chrono::seconds(60);
-  o.barrier_timeout = std::chrono::seconds(60);
-  kvtest::cluster c(o);
-  double waited = -1;
+namespace {
+
+// Two workers, one server, fuse_time 30 s. Worker 0 pushes key 0, which stays in flight (worker
+// 1 pushes key 0 only after a barrier), then key 1, which is therefore fused; worker 1's push of
+// key 1 waits for it. `hurry(kv, p1)` (worker 0) makes the fused push leave some way and returns
+// once p1 is done (or it gave up); the seconds it took are returned. Unless hurry sends it, the
+// push leaves only when fuse_time runs out. Both keys end at 2 (one push of 1 from each).
+template <class Hurry>
+double seconds_to_send_fused_push(Hurry hurry) {
+  kvtest::cluster c(two_workers_fused(std::chrono::seconds(30), std::chrono::seconds(60)));
+  double took = -1;
   c.run_workers([&](KVStore<dist>& kv) {
-    for (int k = 0; k < 2; ++k) kv.init(k, filled(1, 0.0f));
+    for (int k = 0; k < 3; ++k) kv.init(k, filled(1, 0.0f));
     kv.barrier();
     const float one = 1;
     if (kv.rank() == 0) {
       auto p0 = kv.push(0, std::span<const float>(&one, 1));
       auto p1 = kv.push(1, std::span<const float>(&one, 1));
       const auto t0 = std::chrono::steady_clock::now();
-      p1.wait();
-      waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      hurry(kv, p1);
+      took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       kv.barrier();
       p0.wait();
+      p1.wait();
     } else {
       kv.push(1, std::span<const float>(&one, 1)).wait();
       kv.barrier();
@@ -157,52 +163,33 @@ TEST_CASE("an op's wait sends the pushes fusion holds back, not after fuse_time"
     }
     kv.barrier();
   });
-  CHECK(waited >= 0);
-  CHECK(waited < 10.0);
+  return took;
+}
+
+}  // namespace
+
+TEST_CASE("an op's wait sends the pushes fusion holds back, not after fuse_time" *
+          doctest::timeout(120)) {
+  // Only the wait on the op itself (op::wait, not wait_all) can send it in time.
+  const double took =
+      seconds_to_send_fused_push([](KVStore<dist>&, kvstore::op& p1) { p1.wait(); });
+  CHECK(took >= 0);
+  CHECK(took < 10.0);
 }
 
 TEST_CASE("a request to a server sends the pushes fusion holds for it first" *
           doctest::timeout(120)) {
-  // As above, but worker 0 does not wait on its fused push of key 1: it pulls key 2 from the
-  // same server, and that request must send the fused push before it (nothing queued later
-  // overtakes a fused push), so the push completes long before fuse_time (30 s) runs out.
-  auto o = kvtest::test_options(2, 1);
-  o.fuse_bytes = 64 << 10;
-  o.fuse_time = std::chrono::seconds(30);
-  o.request_timeout = std::chrono::seconds(60);
-  o.barrier_timeout = std::chrono::seconds(60);
-  kvtest::cluster c(o);
-  double took = -1;
-  c.run_workers([&](KVStore<dist>& kv) {
-    for (int k = 0; k < 3; ++k) kv.init(k, filled(1, 0.0f));
-    kv.barrier();
-    const float one = 1;
-    if (kv.rank() == 0) {
-      auto p0 = kv.push(0, std::span<const float>(&one, 1));
-      auto p1 = kv.push(1, std::span<const float>(&one, 1));
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<float> got(1, -1.0f);
-      auto pull2 = kv.pull(2, got);
-      // Polled, not waited on: a wait would send the fused push itself (op::wait).
-      while (!p1.ready() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15))
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      pull2.wait();
-      CHECK(got[0] == 0.0f);
-      kv.barrier();
-      p0.wait();
-      p1.wait();
-    } else {
-      kv.push(1, std::span<const float>(&one, 1)).wait();
-      kv.barrier();
-      kv.push(0, std::span<const float>(&one, 1)).wait();
-    }
-    std::vector<float> out(1);
-    for (int k = 0; k < 2; ++k) {
-      kv.pull(k, out).wait();
-      CHECK(out[0] == 2.0f);
-    }
-    kv.barrier();
+  // Worker 0 does not wait on its fused push: it pulls key 2 from the same server, and that
+  // request must send the fused push before it (nothing queued later overtakes a fused push).
+  const double took = seconds_to_send_fused_push([](KVStore<dist>& kv, kvstore::op& p1) {
+    std::vector<float> got(1, -1.0f);
+    auto pull2 = kv.pull(2, got);
+    // Polled, not waited on: a wait would send the fused push itself (op::wait).
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!p1.ready() && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(15))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    pull2.wait();
+    CHECK(got[0] == 0.0f);
   });
   CHECK(took >= 0);
   CHECK(took < 10.0);
