@@ -451,11 +451,11 @@ class KVStore<dist, T> {
   }
 
   void wait(key k) {
-    impl_->fuse.flush_all();  // fused pushes go now, not after fuse_time
+    impl_->fuse->flush_all();  // fused pushes go now, not after fuse_time
     if (const record* m = impl_->keys.find(k.id())) impl_->eng.wait_slot(m->queue);
   }
   void wait_all() {
-    impl_->fuse.flush_all();
+    impl_->fuse->flush_all();
     impl_->eng.wait_all();
   }
 
@@ -537,7 +537,7 @@ class KVStore<dist, T> {
   /// All workers reach it before any leaves. Throws on its deadline or when a worker died,
   /// naming it.
   void barrier() {
-    impl_->fuse.flush_all();  // pushes issued before the barrier leave before it
+    impl_->fuse->flush_all();  // pushes issued before the barrier leave before it
     impl_->reqs.barrier(call_kind::barrier, impl_->opts.barrier_timeout);
   }
 
@@ -587,7 +587,7 @@ class KVStore<dist, T> {
           client(opts, colocated ? colocated->address() : detail::own_server{}),
           reqs(client),
           batch(client),
-          fuse(client),
+          fuse(detail::fusion<T>::make(client)),
           eng(opts.threads) {
       eng.set_max_pipeline(opts.pipeline_depth);  // ops of a key on the wire at most
     }
@@ -627,9 +627,10 @@ class KVStore<dist, T> {
     std::unique_ptr<detail::colocated_roles> colocated;
     detail::worker_client client;
     detail::requests<T> reqs;
-    detail::batches<T> batch;  // multi-key calls' small keys
-    detail::fusion<T> fuse;    // one-key pushes of small keys, fused while a link is busy
-    detail::engine eng;        // destroyed before the client: no op outlives the network
+    detail::batches<T> batch;                 // multi-key calls' small keys
+    std::shared_ptr<detail::fusion<T>> fuse;  // one-key pushes of small keys, fused while a
+                                              // link is busy (the client shares it)
+    detail::engine eng;  // destroyed before the client: no op outlives the network
     detail::key_table keys;
     detail::multi_key_calls<T> calls;  // splits multi-key calls; their plans
     std::atomic<bool> left{false};
@@ -722,7 +723,7 @@ class KVStore<dist, T> {
   std::shared_ptr<detail::op_state> new_state(std::size_t parts) const {
     auto st = detail::make_pooled<detail::op_state>(parts);
     st->spin_us = static_cast<unsigned>(impl_->opts.wait_spin.count());
-    st->hurry = impl_->fuse.hook();
+    st->hurry = impl_->fuse->hook();
     return st;
   }
 
@@ -817,7 +818,7 @@ class KVStore<dist, T> {
   bool push_one(record& m, std::span<const T> value, int priority,
                 detail::op_state::continuation done, bool behind_stream = false) {
     if (!behind_stream && detail::batches<T>::small(m) && impl_->reqs.travels_plain(m, false) &&
-        impl_->fuse.push(m, value, priority, done))
+        impl_->fuse->push(m, value, priority, done))
       return true;
     impl_->reqs.push(m, value, priority, std::move(done));
     return false;

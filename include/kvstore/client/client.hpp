@@ -89,14 +89,15 @@ class worker_client final : public transport::frame_handler {
    protected:
     ~send_hook() = default;
   };
-  /// Sets (or, with nullptr, clears) the hook that send() runs first for a request to a server.
-  /// Set while no caller sends: after construction, before the store's first op.
-  void set_before_send(send_hook* h) noexcept { before_send_ = h; }
+  /// Sets the hook that send() runs first for a request to a server, kept alive by the client
+  /// until it is destroyed. Set while nothing sends: after construction, before the store's
+  /// first op; never changed after.
+  void set_before_send(std::shared_ptr<send_hook> h) noexcept { before_send_ = std::move(h); }
 
  private:
   // `r` is taken by reference and moved once, into the table: a request is about 250 bytes.
   void send_frames(int peer, std::span<transport::out_frame> frames, request&& r) {
-    if (before_send_ && peer != to_scheduler) before_send_->before_send(peer);
+    if (peer != to_scheduler && before_send_) before_send_->before_send(peer);
     std::shared_ptr<transport::connection> c;
     std::string down;
     std::uint64_t id;
@@ -728,7 +729,7 @@ class worker_client final : public transport::frame_handler {
   std::string sched_down_;
   std::vector<server_ref> servers_;
   request_table pending_;  // under m_
-  send_hook* before_send_ = nullptr;
+  std::shared_ptr<send_hook> before_send_;
   std::set<int> dead_;
   int rank_ = -1, id_ = -1, num_workers_ = 0;
   std::string credential_;  // from the address book: proves this worker's rank to servers

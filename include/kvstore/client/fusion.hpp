@@ -33,24 +33,31 @@
 
 namespace kvstore::detail {
 
+// Shared, not owned by the store alone: the client's send hook holds it (the client and its io
+// thread outlive the store's other parts), and a flush timer holds it weakly, so neither can
+// reach a destroyed fusion while the store is torn down.
 template <class T>
-class fusion final : public wait_hook, public worker_client::send_hook {
+class fusion final : public wait_hook,
+                     public worker_client::send_hook,
+                     public std::enable_shared_from_this<fusion<T>> {
   static constexpr wire::dtype dtype = wire::dtype_of<T>();
+  struct private_tag {};
 
  public:
   using done_fn = op_state::continuation;
 
-  explicit fusion(worker_client& c)
+  /// The fusion of client c's one-key pushes; while it is on, c runs its send hook.
+  static std::shared_ptr<fusion> make(worker_client& c) {
+    auto f = std::make_shared<fusion>(c, private_tag{});
+    if (f->on_) c.set_before_send(f);
+    return f;
+  }
+  fusion(worker_client& c, private_tag)
       : client_(c),
         on_(c.options().fuse_bytes > 0 && c.options().server_restart_wait.count() == 0),
         bytes_(c.options().fuse_bytes),
         time_(c.options().fuse_time),
-        servers_(static_cast<std::size_t>(c.num_servers())) {
-    if (on_) client_.set_before_send(this);
-  }
-  ~fusion() {
-    if (on_) client_.set_before_send(nullptr);
-  }
+        servers_(static_cast<std::size_t>(c.num_servers())) {}
   fusion(const fusion&) = delete;
   fusion& operator=(const fusion&) = delete;
 
@@ -79,10 +86,12 @@ class fusion final : public wait_hook, public worker_client::send_hook {
       flush_locked(s, lk);  // unlocks
     } else if (!p.timer) {
       p.timer = true;
-      client_.run_after(time_, [this, s] {
-        std::unique_lock l(m_);
-        servers_[static_cast<std::size_t>(s)].timer = false;
-        flush_locked(s, l);
+      client_.run_after(time_, [weak = this->weak_from_this(), s] {
+        const auto self = weak.lock();
+        if (!self) return;
+        std::unique_lock l(self->m_);
+        self->servers_[static_cast<std::size_t>(s)].timer = false;
+        self->flush_locked(s, l);
       });
     }
     return true;
