@@ -183,9 +183,10 @@ struct dist_options {
   /// fuse_bytes (answered key by key, so no key's op waits for another's round). A push behind
   /// an op of its own key still on the wire is not fused: it streams (pipeline_depth).
   /// 64 KiB by default; 0 turns it off. Off while server_restart_wait is set (a fused frame is
-  /// not kept for a re-send). With nothing in flight to the server a push goes at once, and
-  /// wait, wait_all and barrier send what waits, so an idle link or a waiting caller never pays
-  /// fuse_time. KVSTORE_FUSE_BYTES, KVSTORE_FUSE_US.
+  /// not kept for a re-send). With nothing in flight to the server a push goes at once;
+  /// op::wait, wait, wait_all and barrier send what waits, so a waiting caller never pays
+  /// fuse_time; and any later request to that server sends it first, so none overtakes it.
+  /// KVSTORE_FUSE_BYTES, KVSTORE_FUSE_US.
   std::size_t fuse_bytes = std::size_t{64} << 10;
   std::chrono::microseconds fuse_time{100};
   /// Per-key pipelining: how many one-key pushes and pulls of one key may be on the wire before

@@ -105,7 +105,7 @@ class fusion final : public wait_hook,
   /// waiting for s go first, so no frame queued later overtakes them (nor, by priority, one of
   /// a lower priority). Nothing to lock while no push waits anywhere.
   void before_send(int s) override {
-    if (waiting_.load(std::memory_order_acquire) == 0) return;
+    if (none_waiting()) return;
     std::unique_lock lk(m_);
     flush_locked(s, lk);  // unlocks when it sends
   }
@@ -113,7 +113,7 @@ class fusion final : public wait_hook,
   /// Sends every server's waiting pushes now: for a caller about to wait for them (wait,
   /// wait_all, op::wait) and before a barrier, so none waits out fuse_time.
   void flush_all() {
-    if (!on_) return;
+    if (!on_ || none_waiting()) return;  // op::wait asks on every op not yet done
     for (std::size_t s = 0; s < servers_.size(); ++s) {
       std::unique_lock lk(m_);
       flush_locked(static_cast<int>(s), lk);  // unlocks when it sends
@@ -121,6 +121,9 @@ class fusion final : public wait_hook,
   }
 
  private:
+  // No push waits in any server's frame: nothing to send, no lock to take.
+  bool none_waiting() const noexcept { return waiting_.load(std::memory_order_acquire) == 0; }
+
   struct pending {
     std::string meta;                                // the entries (wire::put_batch_entry)
     std::vector<std::span<const std::byte>> pieces;  // each key's value, in entry order
