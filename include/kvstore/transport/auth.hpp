@@ -15,13 +15,11 @@
 
 #include <kvstore/error.hpp>
 #include <kvstore/node.hpp>
+#include <kvstore/transport/hmac.hpp>
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -30,7 +28,7 @@
 namespace kvstore::transport {
 
 inline constexpr std::size_t nonce_size = 32;
-inline constexpr std::size_t proof_size = 32;
+inline constexpr std::size_t proof_size = hmac_sha256_size;
 inline constexpr std::size_t challenge_size = nonce_size + 1;
 inline constexpr std::size_t auth_size = nonce_size + 2 + proof_size;
 
@@ -40,22 +38,6 @@ inline std::string make_nonce() {
   if (RAND_bytes(reinterpret_cast<unsigned char*>(n.data()), static_cast<int>(n.size())) != 1)
     throw error(errc::auth_failed, "no random bytes for an authentication nonce");
   return n;
-}
-
-/// HMAC-SHA256(token, msg).
-inline std::string hmac_sha256(std::string_view key, std::string_view msg) {
-  std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
-  unsigned int len = 0;
-  // An empty token still makes a (well-known) proof: the protocol is the same with and without
-  // one, and a node with a token refuses a peer without it.
-  static const unsigned char empty = 0;
-  const void* k =
-      key.empty() ? static_cast<const void*>(&empty) : static_cast<const void*>(key.data());
-  if (!HMAC(EVP_sha256(), k, static_cast<int>(key.size()),
-            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out.data(), &len) ||
-      len != proof_size)
-    throw error(errc::auth_failed, "HMAC-SHA256 failed");
-  return std::string(reinterpret_cast<const char*>(out.data()), len);
 }
 
 /// Constant-time equality of two proofs.

@@ -9,13 +9,11 @@
 #pragma once
 
 #include <kvstore/error.hpp>
+#include <kvstore/transport/hmac.hpp>
 
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <openssl/rand.h>
 
-#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -23,21 +21,9 @@
 namespace kvstore::transport {
 
 /// Bytes of a job secret, of a credential and of a hello proof.
-inline constexpr std::size_t identity_size = 32;
+inline constexpr std::size_t identity_size = hmac_sha256_size;
 
 namespace identity_impl {
-inline std::string hmac_sha256(std::string_view key, std::string_view msg) {
-  std::array<unsigned char, EVP_MAX_MD_SIZE> out{};
-  unsigned int len = 0;
-  static const unsigned char empty = 0;
-  const void* k =
-      key.empty() ? static_cast<const void*>(&empty) : static_cast<const void*>(key.data());
-  if (!HMAC(EVP_sha256(), k, static_cast<int>(key.size()),
-            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out.data(), &len) ||
-      len != identity_size)
-    throw error(errc::auth_failed, "HMAC-SHA256 failed");
-  return std::string(reinterpret_cast<const char*>(out.data()), len);
-}
 inline void append_le64(std::string& s, std::int64_t v) {
   auto u = static_cast<std::uint64_t>(v);
   for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((u >> (8 * i)) & 0xff));
@@ -57,7 +43,7 @@ inline std::string node_credential(std::string_view job_secret, int node_id) {
   static constexpr std::string_view label = "kvstore node credential v1";
   std::string msg(label);
   identity_impl::append_le64(msg, node_id);
-  return identity_impl::hmac_sha256(job_secret, msg);
+  return hmac_sha256(job_secret, msg);
 }
 
 /// The proof a worker of rank `rank` puts in its hello to server `server_id` on the connection
@@ -69,7 +55,7 @@ inline std::string hello_proof(std::string_view credential, std::string_view bin
   msg.append(binding);
   identity_impl::append_le64(msg, server_id);
   identity_impl::append_le64(msg, rank);
-  return identity_impl::hmac_sha256(credential, msg);
+  return hmac_sha256(credential, msg);
 }
 
 /// A server's constant-time check of a hello claiming worker node `worker_id` of rank `rank`.
