@@ -5,12 +5,12 @@
 // submit), its entry locked.
 #pragma once
 
+#include <kvstore/device/kernels.hpp>
 #include <kvstore/device/key_state.hpp>
 #include <kvstore/device/optimizer.hpp>
 #include <kvstore/device/runtime.hpp>
 #include <kvstore/device/store_state.hpp>
 #include <kvstore/optim/all.hpp>
-#include <kvstore/reduce/thrust.hpp>
 
 #include <algorithm>
 #include <cstddef>

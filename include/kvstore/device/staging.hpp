@@ -7,10 +7,10 @@
 #pragma once
 
 #include <kvstore/device/buffer.hpp>
+#include <kvstore/device/kernels.hpp>
 #include <kvstore/device/runtime.hpp>
 #include <kvstore/device/span.hpp>
 #include <kvstore/error.hpp>
-#include <kvstore/reduce/thrust.hpp>
 
 #include <algorithm>
 #include <cstddef>
