@@ -4,6 +4,7 @@
 
 #include <kvstore/detail/env.hpp>
 #include <kvstore/error.hpp>
+#include <kvstore/impl/options_env.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/transport/security.hpp>
 
@@ -328,27 +329,14 @@ struct dist_options {
   ///     else 127.0.0.1:9091, unless KVSTORE_SCHEDULER / DMLC_PS_ROOT_* say otherwise. With
   ///     KVSTORE_COLOCATED=1 every rank is a worker (rank = launcher rank) and rank 0 also runs
   ///     the scheduler.
-  void apply_env();
+  /// The body is impl/options_env.hpp's.
+  void apply_env() { detail::options_env::apply_env(*this); }
 
   /// The rank and size a launcher gave this process (mpirun, srun, torchrun), if any.
   using launcher_rank = detail::env::launcher_rank;
   static launcher_rank launcher() { return detail::env::launcher(); }
   /// "worker", "server" or "scheduler"; anything else is an error.
   static kvstore::role parse_role(const std::string& v) { return detail::env::parse_role(v); }
-
- private:
-  // Role, sizes and scheduler from a launcher's rank when no role was given.
-  void apply_launcher_env();
-  // The same for a colocated job: every rank a worker, rank 0 also the scheduler.
-  void apply_colocated_launcher(const launcher_rank& l);
-  // The scheduler's address under a launcher (MASTER_ADDR, the Slurm node list).
-  void apply_launcher_scheduler();
-  // KVSTORE_COLOCATED's server count against the one the environment gave, if any.
-  void apply_colocated_env();
-  // KVSTORE_STALENESS.
-  void apply_staleness_env();
 };
 
 }  // namespace kvstore
-
-#include <kvstore/impl/options_env.hpp>
