@@ -3,13 +3,15 @@
 // die or disconnect), and routes every other frame to its shard (server/shard.hpp), whose answers
 // it writes back. It ends when the scheduler says the job is over. Snapshots: server/snapshots.hpp.
 // Everything runs on one io thread, so the shard needs no locks (its apply pool's threads work
-// only inside a call of the io thread: server/apply_pool.hpp).
+// only inside a call of the io thread: server/apply_pool.hpp). What it takes from dist_options:
+// server/server_config.hpp; where the shard's answers go: server/connection_port.hpp.
 #pragma once
 
-#include <unistd.h>
 #include <kvstore/detail/log.hpp>
 #include <kvstore/node.hpp>
 #include <kvstore/options.hpp>
+#include <kvstore/server/connection_port.hpp>
+#include <kvstore/server/server_config.hpp>
 #include <kvstore/server/shard.hpp>
 #include <kvstore/server/snapshots.hpp>
 #include <kvstore/transport/connection.hpp>
@@ -29,50 +31,6 @@
 
 namespace kvstore {
 
-namespace detail {
-
-/// Where the shard's answers to one worker go: its connection (it may have closed since), with
-/// the server's node id as the sender (the address book may set it after the request came).
-struct connection_port {
-  std::weak_ptr<transport::connection> conn;
-  const int* sender = nullptr;
-
-  void reply(std::uint64_t req, errc status, std::string msg) const {
-    wire::header h;
-    h.command = wire::cmd::response;
-    h.req_id = req;
-    h.status = static_cast<std::uint32_t>(status);
-    send(h, {}, {}, std::move(msg));
-  }
-  /// An ok answer to pushes first .. first + n - 1 (wire::acks_header), merged by the connection
-  /// with the acks queued before it.
-  void ack(std::uint64_t first, std::uint64_t n) const {
-    auto c = conn.lock();
-    if (!c) return;
-    wire::header h = wire::acks_header(first, n);
-    h.sender = *sender;
-    c->send_acks(h);
-  }
-  bool same_peer(const connection_port& o) const {
-    return !conn.owner_before(o.conn) && !o.conn.owner_before(conn);
-  }
-  void send(const wire::header& h, std::span<const std::byte> payload,
-            std::shared_ptr<const void> keep, std::string meta = {}) const {
-    auto c = conn.lock();
-    if (!c) return;
-    transport::out_frame f;
-    f.h = h;
-    f.h.sender = *sender;
-    f.meta = std::move(meta);
-    f.payload = payload.data();
-    f.payload_len = payload.size();
-    f.keep = std::move(keep);
-    c->send(std::move(f));
-  }
-};
-
-}  // namespace detail
-
 class server final : public transport::node_base {
   using port_type = detail::connection_port;
 
@@ -82,10 +40,11 @@ class server final : public transport::node_base {
 
   /// Binds the listening socket at once. Throws kvstore::error(unreachable) when it cannot.
   explicit server(dist_options o)
-      : node_base("server", accept_rules_of(o), transport::bind_host(o.bind_host, o.token), 0,
-                  false, "server cannot listen on " + transport::bind_host(o.bind_host, o.token)),
+      : node_base("server", detail::accept_rules_of(o), transport::bind_host(o.bind_host, o.token),
+                  0, false,
+                  "server cannot listen on " + transport::bind_host(o.bind_host, o.token)),
         opts_(std::move(o)),
-        shard_(shard_config_of(opts_),
+        shard_(detail::shard_config_of(opts_),
                [this](bool important, std::uint64_t changes) {
                  snapshots_.changed(important, changes);
                }),
@@ -131,7 +90,8 @@ class server final : public transport::node_base {
                                               opts_.connect_timeout, "the scheduler");
     auto sec = opts_.security(false, role::scheduler);
     sec.self = role::server;
-    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, sched_limits(), sec);
+    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, detail::sched_limits(),
+                                                     sec);
     sched_->start();
     transport::out_frame reg;
     reg.h.command = wire::cmd::reg;
@@ -150,52 +110,6 @@ class server final : public transport::node_base {
   }
 
  private:
-  static accept_rules accept_rules_of(const dist_options& o) {
-    accept_rules r;
-    r.max_connections = o.max_connections;
-    r.max_pending_connections = o.max_pending_connections;
-    r.security = o.security(true);
-    r.security.self = role::server;
-    r.limits.max_payload = o.max_frame_bytes;
-    r.gather_bytes = o.chunk_bytes;
-    return r;
-  }
-  static detail::shard_config shard_config_of(const dist_options& o) {
-    detail::shard_config c;
-    c.sync = o.sync;
-    c.num_workers = o.num_workers;
-    c.chunk_bytes = o.chunk_bytes;
-    c.max_frame_bytes = o.max_frame_bytes;
-    c.max_key_bytes = o.max_key_bytes;
-    c.apply_threads = o.server_threads;
-    c.max_total_bytes = o.max_total_bytes ? o.max_total_bytes : half_of_physical_memory();
-    c.max_keys = o.max_keys;
-    held_config(o, c);
-    return c;
-  }
-  // Held pulls (versions, staleness): a held pull fails a little before the worker's own
-  // deadline, so the worker gets this server's reason (the key and what it waited for).
-  static void held_config(const dist_options& o, detail::shard_config& c) {
-    o.check_versions();
-    c.staleness = o.staleness;
-    c.max_held_pulls = o.max_held_pulls;
-    c.max_held_bytes = o.max_queued_bytes;
-    c.hold_timeout =
-        o.request_timeout - std::min(o.request_timeout / 4, std::chrono::milliseconds(250));
-  }
-  // max_total_bytes' default: a server never takes more than half the machine on its peers' word.
-  static std::uint64_t half_of_physical_memory() {
-    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-    if (pages <= 0 || page <= 0) return std::uint64_t{8} << 30;
-    return static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) / 2;
-  }
-  static wire::limits sched_limits() {
-    wire::limits l;
-    l.max_payload = 1 << 20;
-    l.max_meta = 16 << 20;
-    return l;
-  }
-
   void identify(int id, int rank) {
     id_ = id;
     rank_ = rank;
