@@ -1,6 +1,7 @@
 // A worker's requests, built into frames: a key's init, push, pull and rows over the servers that
-// hold its slices (values cut into chunk_bytes frames), the calls every server answers
-// (optimizer, states, commands, leave, checkpoint) and the scheduler's (barrier, dead nodes).
+// hold its slices (values cut into chunk_bytes frames), and every server's optimizer states. The
+// calls that carry no key's values (optimizer, commands, leave, checkpoint, barrier, dead nodes)
+// are the base's, client/control_requests.hpp, which needs no T.
 // The API layer (dist.hpp) checks arguments and orders ops per key; this turns one op into
 // frames for worker_client and runs the op's continuation once every server answered.
 #pragma once
@@ -8,6 +9,7 @@
 #include <kvstore/client/call.hpp>
 #include <kvstore/client/client.hpp>
 #include <kvstore/client/compression.hpp>
+#include <kvstore/client/control_requests.hpp>
 #include <kvstore/client/key_record.hpp>
 #include <kvstore/client/row_fanout.hpp>
 #include <kvstore/detail/block_pool.hpp>
@@ -19,7 +21,6 @@
 #include <kvstore/wire/messages.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -34,21 +35,16 @@
 namespace kvstore::detail {
 
 template <class T>
-class requests {
+class requests : public control_requests {
   static constexpr wire::dtype dtype = wire::dtype_of<T>();
 
  public:
-  /// Runs once an op's every request is answered: nullptr, or the first error.
-  using done_fn = op_state::continuation;
   /// The record of a key id, or nullptr when the store has no such key.
   using key_lookup = std::function<const key_record*(std::uint64_t)>;
 
   explicit requests(worker_client& c)
-      : client_(c),
-        chunk_elems_(std::max<std::size_t>(1, c.options().chunk_bytes / sizeof(T))),
-        spin_us_(static_cast<unsigned>(c.options().wait_spin.count())) {}
-
-  int num_servers() const noexcept { return client_.num_servers(); }
+      : control_requests(c),
+        chunk_elems_(std::max<std::size_t>(1, c.options().chunk_bytes / sizeof(T))) {}
 
   // ---- one key's data ----------------------------------------------------------------------
   /// Every worker sends its slices' init; rank 0's carry the value (`with_data`).
@@ -289,16 +285,6 @@ class requests {
   }
 
   // ---- every server; each call blocks until all answered ------------------------------------
-  void set_optimizer(const std::string& name, const std::string& params) {
-    const std::string meta = wire::encode_optimizer({name, params});
-    to_all_servers(call_kind::set_optimizer, [&](int) {
-      transport::out_frame f;
-      f.h = wire::plain(wire::cmd::set_optimizer);
-      f.meta = meta;
-      return f;
-    });
-  }
-
   /// Every server's optimizer states, joined into whole keys, and in `optimizer` the name of the
   /// optimizer they belong to (the servers', whoever set it). A state that matches no key of
   /// `lookup`, or servers running different optimizers, is a protocol error.
@@ -372,45 +358,6 @@ class requests {
       f.keep = parts;
       return f;
     });
-  }
-
-  void command(int head, std::string_view body) {
-    const std::string b(body);
-    to_all_servers(call_kind::send_command_to_servers, [&](int) {
-      transport::out_frame f;
-      f.h = wire::command_header(head);
-      f.meta = b;
-      return f;
-    });
-  }
-
-  /// Asks every server to write its snapshot now.
-  void checkpoint() { header_only_to_all_servers(call_kind::checkpoint, wire::cmd::checkpoint); }
-
-  /// No more rounds from this worker: servers first, then the scheduler.
-  void leave() {
-    header_only_to_all_servers(call_kind::leave, wire::cmd::leave);
-    to_scheduler(call_kind::leave, wire::cmd::leave);
-  }
-
-  // ---- the scheduler -----------------------------------------------------------------------
-  /// Returns once every worker reached it (kind: barrier, or the one before exit).
-  void barrier(call_kind kind, std::chrono::milliseconds timeout) {
-    to_scheduler(kind, wire::cmd::barrier, timeout);
-  }
-
-  /// How many nodes of `groups` the scheduler has not heard from for `timeout_ms`. Throws when
-  /// the scheduler cannot answer.
-  std::uint64_t dead_count(int groups, std::uint64_t timeout_ms) {
-    transport::out_frame f;
-    f.h = wire::dead_count_header(groups, timeout_ms);
-    std::uint64_t n = 0;
-    worker_client::request r;
-    r.what = {call_kind::num_dead_node};
-    r.timeout = std::chrono::milliseconds(10'000);
-    r.on_response = [&n](const wire::header& h, std::span<const std::byte>) { n = h.aux; };
-    client_.call(worker_client::to_scheduler, worker_client::single(std::move(f)), std::move(r));
-    return n;
   }
 
  private:
@@ -491,63 +438,8 @@ class requests {
     return r * rl >= s.lo && r * rl < s.hi;
   }
 
-  // One part per request; `done` runs when the last one completes.
-  static std::shared_ptr<op_state> fan_in(std::size_t parts, done_fn done) {
-    return make_pooled<op_state>(parts, std::move(done));
-  }
-
-  // A frame of `c` answered once the scheduler is done with it.
-  void to_scheduler(call_kind kind, wire::cmd c, std::chrono::milliseconds timeout = {}) {
-    transport::out_frame f;
-    f.h = wire::plain(c);
-    worker_client::request r;
-    r.what = {kind};
-    r.timeout = timeout;
-    client_.call(worker_client::to_scheduler, worker_client::single(std::move(f)), std::move(r));
-  }
-
-  void header_only_to_all_servers(call_kind kind, wire::cmd c) {
-    to_all_servers(kind, [c](int) {
-      transport::out_frame f;
-      f.h = wire::plain(c);
-      return f;
-    });
-  }
-
-  // The fan-in state for one request of a loop over a key's slices: the last one takes it, the
-  // others copy it (each copy of a shared_ptr is a locked increment, a full barrier).
-  static std::shared_ptr<op_state> share(std::shared_ptr<op_state>& all, bool last) {
-    return last ? std::move(all) : all;
-  }
-
-  static worker_client::request part_of(std::shared_ptr<op_state> all, request_label what) {
-    worker_client::request r;
-    r.done = std::move(all);
-    r.what = what;
-    return r;
-  }
-
-  // Sends make(server) to every server and waits for all answers; on_response sees each answer.
-  template <class Make>
-  void to_all_servers(
-      call_kind kind, Make&& make,
-      std::function<void(const wire::header&, std::span<const std::byte>)> on_response = {},
-      std::function<void(std::string_view)> on_text = {}) {
-    auto all = make_pooled<op_state>(static_cast<std::size_t>(num_servers()));
-    all->spin_us = spin_us_;
-    for (int s = 0; s < num_servers(); ++s) {
-      worker_client::request r = part_of(all, {kind, nullptr, server_id(s)});
-      r.on_response = on_response;
-      r.on_text = on_text;
-      client_.send(s, make(s), std::move(r));
-    }
-    op(all).wait();
-  }
-
-  worker_client& client_;
   compression_setting compression_;
   const std::size_t chunk_elems_;
-  const unsigned spin_us_;
 };
 
 }  // namespace kvstore::detail

@@ -10,10 +10,13 @@
 // An op over many keys that no later op waits behind lets its keys go lazily: its finish marks
 // it done, and each key goes free when next touched (engine/key_slot.hpp's key_hold); the next
 // op over exactly those keys, none touched since, renews that hold and touches none of them.
+// The ops are engine/engine_op.hpp's; who holds which key is engine/key_queues.hpp's bookkeeping;
+// this file is the pool, its locking and waits, and parallel_for.
 #pragma once
 
-#include <kvstore/detail/block_pool.hpp>
 #include <kvstore/detail/prefetch.hpp>
+#include <kvstore/engine/engine_op.hpp>
+#include <kvstore/engine/key_queues.hpp>
 #include <kvstore/engine/key_slot.hpp>
 #include <kvstore/op.hpp>
 
@@ -24,8 +27,6 @@
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
-#include <queue>
 #include <span>
 #include <thread>
 #include <type_traits>
@@ -35,70 +36,7 @@
 
 namespace kvstore::detail {
 
-/// Called exactly once by a task when its work is finished (nullptr on success).
-using engine_done_fn = std::function<void(std::exception_ptr)>;
-/// A task: does its work, then (now or later, from any thread) calls done exactly once.
-using engine_task_fn = std::function<void(engine_done_fn)>;
-
-/// What a pipelined one-key op's task learns of its run and may answer. behind_stream: an earlier
-/// op of its key is still on the wire. held_back: set by the task when it left its request
-/// waiting instead of queuing it on a connection (small-key fusion, client/fusion.hpp); its key
-/// then waits for its answer, as a non-pipelined op's does, so no later op of the key overtakes
-/// it.
-struct pipelined_run {
-  bool behind_stream = false;
-  bool held_back = false;
-};
-
-/// One queued op: the op state it completes, and its keys' links; its task is engine_op_of's.
-struct engine_op {
-  engine_op(int p, std::shared_ptr<op_state> s) : priority(p), part(std::move(s)) {}
-  virtual ~engine_op() = default;
-  // Made on the caller's thread, freed on whichever completes it (detail/block_pool.hpp).
-  static void* operator new(std::size_t n) { return block_pool::allocate(n); }
-  static void operator delete(void* p, std::size_t n) noexcept { block_pool::deallocate(p, n); }
-  /// Runs the task (once).
-  virtual void run(const engine_done_fn& done) = 0;
-  /// Drops the task and what it captured (the op may complete much later).
-  virtual void drop_task() noexcept = 0;
-  int priority;
-  std::uint64_t seq = 0;
-  std::shared_ptr<op_state> part;
-  std::size_t waiting = 0;  // keys it is queued on and does not hold yet
-  std::uint64_t id = 0;     // with by_id: the key of the engine's own table it is queued on
-  bool by_id = false;       // (that slot is dropped once idle)
-  key_link one;             // the link of a one-key op
-  std::unique_ptr<key_link[]> many;  // the links of a many-key op
-  std::size_t keys = 1;
-  bool pipelined = false;           // lets its keys go when its task returns (submit_pipelined)
-  key_hold* hold = nullptr;         // a many-key op's: its keys go free lazily (key_slot.hpp)
-  bool passed = false;              // let its keys go (engine lock)
-  pipelined_run run_info;           // behind_stream set when it takes its key (engine lock)
-  std::atomic<int> refs{2};         // the running task and its done: freed after both
-  std::atomic<bool> called{false};  // done ran (a task may only complete once)
-  key_link* links() noexcept { return many ? many.get() : &one; }
-};
-
-/// An op with its task inside: one block per op, where a std::function task was a second one
-/// (for a capture of more than two pointers) that the caller's thread allocated and whichever
-/// thread completed the op freed (issue 12: a one-key op's blocks).
-template <class Task>
-struct engine_op_of final : engine_op {
-  static_assert(alignof(Task) <= __STDCPP_DEFAULT_NEW_ALIGNMENT__,
-                "the block pool aligns as operator new does");
-  engine_op_of(int p, Task t, std::shared_ptr<op_state> s)
-      : engine_op(p, std::move(s)), task(std::move(t)) {}
-  void run(const engine_done_fn& done) override {
-    if constexpr (std::is_invocable_v<Task&, const engine_done_fn&, pipelined_run&>)
-      (*task)(done, run_info);
-    else
-      (*task)(done);
-  }
-  void drop_task() noexcept override { task.reset(); }
-  std::optional<Task> task;
-};
-
-class engine {
+class engine : private key_queues {
  public:
   /// Called exactly once by a task when its work is finished (nullptr on success).
   using done_fn = engine_done_fn;
@@ -279,13 +217,6 @@ class engine {
   }
 
  private:
-  // Strict weak order: higher priority first, then lower sequence (issue order) first.
-  struct op_less {
-    bool operator()(const engine_op* a, const engine_op* b) const noexcept {
-      if (a->priority != b->priority) return a->priority < b->priority;
-      return a->seq > b->seq;
-    }
-  };
   struct pjob {
     std::size_t n = 0, chunks = 0;
     std::atomic<std::size_t> next{0};
@@ -329,89 +260,6 @@ class engine {
       execute(op);
       lk.lock();
     }
-  }
-
-  // Whether `op` may take `slot` when no op holds it: once none streams, or, pipelined, behind
-  // fewer than max_pipeline_ of its own priority (a connection keeps only their order).
-  bool may_take(const engine_op* op, const key_slot& slot) const noexcept {
-    return slot.streaming == 0 || (op->pipelined && slot.streaming < max_pipeline_ &&
-                                   op->priority == slot.stream_priority);
-  }
-
-  // Queues `op` on `slot` through `link` (m_ held): it holds the key at once when it is free,
-  // else waits behind the ops queued before it.
-  void enqueue(engine_op* op, key_slot& slot, key_link& link) {
-    link.op = op;
-    link.slot = &slot;
-    link.next = nullptr;
-    settle(slot);
-    ++slot.issued;
-    if (!slot.held && !slot.head && may_take(op, slot)) {  // free: the op holds it now
-      take(op, slot);
-      return;
-    }
-    if (slot.lazy) slot.lazy->waited = true;  // its finish lets this op in
-    if (slot.tail)
-      slot.tail->next = &link;
-    else
-      slot.head = &link;
-    slot.tail = &link;
-    ++op->waiting;
-  }
-
-  // `op` holds `slot` now (m_ held); through its hold, if it has one.
-  static void take(engine_op* op, key_slot& slot) {
-    op->run_info.behind_stream = slot.streaming > 0;
-    slot.held = true;
-    if (!op->hold) return;
-    slot.lazy = op->hold;
-    ++op->hold->keys;
-    if (slot.head) op->hold->waited = true;  // ops wait behind it
-  }
-
-  // A key held through the hold of a many-key op that is done goes free now (m_ held).
-  void settle(key_slot& slot) {
-    key_hold* h = slot.lazy;
-    if (!h || !h->done) return;
-    slot.lazy = nullptr;
-    slot.held = false;
-    ++slot.completed;
-    if (--h->keys == 0) unlink_hold(h);
-  }
-
-  // An op over exactly the keys of a done hold that every one of them still names (none was
-  // touched since: an op queued on a key, or a wait on it, settles it and lowers the count) and
-  // no op waited behind takes them all through that hold, made not done again, without reading
-  // or writing any key's slot (m_ held). Queuing it would have given it every key at once too.
-  // Each key's one unsettled op then stands for this one: busy() and wait_slot see an op in
-  // flight until this one is done. Not while a wait_slot waits: it read its target before, and
-  // would wait for this op too (a stream of renewals could keep it waiting).
-  bool renew(engine_op* op, std::span<key_slot* const> slots) {
-    key_hold* h = slots.front()->lazy;
-    if (!h || !h->done || h->waited || key_waiters_ != 0 || h->keys != slots.size() ||
-        !std::equal(slots.begin(), slots.end(), h->slots.begin(), h->slots.end()))
-      return false;
-    h->done = false;
-    op->hold = h;
-    key_link* links = op->links();  // for finish's walk, should an op queue behind this one
-    for (std::size_t i = 0; i < slots.size(); ++i) {
-      links[i].op = op;
-      links[i].slot = slots[i];
-    }
-    return true;
-  }
-
-  key_hold* new_hold() {
-    auto* h = new key_hold;
-    h->next = holds_;
-    if (holds_) holds_->prev = h;
-    holds_ = h;
-    return h;
-  }
-  void unlink_hold(key_hold* h) noexcept {
-    (h->prev ? h->prev->next : holds_) = h->next;
-    if (h->next) h->next->prev = h->prev;
-    delete h;
   }
 
   // `op` is queued on all its keys (m_ held): it runs now when it holds them all.
@@ -462,19 +310,6 @@ class engine {
       notify = advance(slot);
     }
     if (notify) cv_.notify_one();
-  }
-
-  // The key is not held (m_ held): its first waiting op takes it if it may. Returns whether an
-  // op became ready.
-  bool advance(key_slot& slot) {
-    key_link* next = slot.head;
-    if (slot.held || !next || !may_take(next->op, slot)) return false;
-    slot.head = next->next;
-    if (!slot.head) slot.tail = nullptr;
-    take(next->op, slot);
-    if (--next->op->waiting) return false;
-    ready_.push(next->op);
-    return true;
   }
 
   template <class Task>
@@ -555,17 +390,13 @@ class engine {
   static constexpr std::size_t prefetch_ahead = 8;
 
   std::mutex m_;
-  std::condition_variable cv_;       // work for the pool
-  std::condition_variable idle_cv_;  // ops completed
-  std::priority_queue<engine_op*, std::vector<engine_op*>, op_less> ready_;
+  std::condition_variable cv_;                        // work for the pool
+  std::condition_variable idle_cv_;                   // ops completed
   std::unordered_map<std::uint64_t, key_slot> keys_;  // the queues of keys submitted by id
   std::vector<std::shared_ptr<pjob>> helpers_;
-  key_hold* holds_ = nullptr;  // the live holds of many-key ops (key_slot.hpp)
   std::uint64_t seq_ = 0;
   std::size_t in_flight_ = 0;
-  unsigned idle_ = 0;            // pool threads waiting for work
-  std::size_t key_waiters_ = 0;  // threads in wait_key
-  std::uint16_t max_pipeline_ = 16;
+  unsigned idle_ = 0;  // pool threads waiting for work
   bool stop_ = false;
   std::vector<std::thread> threads_;
 };
