@@ -57,18 +57,15 @@ int main(int argc, char** argv) {
       std::cerr << "kv_server: give --role scheduler or --role server\n" << opts;
       return 2;
     }
-    if (o.role == kvstore::role::scheduler) {
-      kvstore::scheduler s(o);
-      s.run();
-    } else {
-      kvstore::server s(o);
+    kvstore::node_loop node(o);
+    if (o.role == kvstore::role::server) {
       // The default command hook: log what was asked, so send_command_to_servers is observable.
-      s.on_command([&s](int head, std::string_view body) {
-        std::fprintf(stderr, "kv_server %d: command %d: %.*s\n", s.rank(), head,
+      node.on_command([&node](int head, std::string_view body) {
+        std::fprintf(stderr, "kv_server %d: command %d: %.*s\n", node.rank(), head,
                      static_cast<int>(body.size()), body.data());
       });
-      s.run();
     }
+    node.run();
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kv_server: %s\n", e.what());

@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [[ -n ${KVSTORE_CONAN_WORK:-} ]]; then
   rm -rf "$KVSTORE_CONAN_WORK"
   mkdir -p "$KVSTORE_CONAN_WORK"
-  cp -r conanfile.py CMakeLists.txt cmake include conan "$KVSTORE_CONAN_WORK"/
+  cp -r conanfile.py CMakeLists.txt cmake include src conan "$KVSTORE_CONAN_WORK"/
   mkdir "$KVSTORE_CONAN_WORK/test_package"
   cp test_package/conanfile.py test_package/CMakeLists.txt test_package/*.cpp "$KVSTORE_CONAN_WORK/test_package/"
   cd "$KVSTORE_CONAN_WORK"

@@ -15,6 +15,7 @@ APT_PACKAGES=(
   dataset-fashion-mnist zlib1g-dev                        # the demo's data (.gz) and its reader
   iproute2 nftables                                       # test_faults: namespaces, tc, lossy links
   python3-matplotlib                                      # scripts/plot_bench.py: the README's benchmark plots
+  time                                                    # scripts/compile_times.sh: GNU time's peak memory
 )
 
 as_root() {

@@ -8,6 +8,10 @@
 #include "support/process.hpp"
 #include "support/wire_peer.hpp"
 
+// Internals the store does not declare: the partition rule, the frame header's fields.
+#include <kvstore/client/partition.hpp>
+#include <kvstore/wire/frame.hpp>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>

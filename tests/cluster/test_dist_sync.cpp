@@ -5,6 +5,7 @@
 #include "support/cluster.hpp"
 #include "support/helpers.hpp"
 
+#include <kvstore/client/partition.hpp>  // detail::partition, which the store uses
 #include <kvstore/local.hpp>
 
 #include <unistd.h>
@@ -404,13 +405,15 @@ namespace {
 // A scheduler and servers whose command hooks are registered before they run.
 struct hooked_cluster {
   explicit hooked_cluster(kvstore::dist_options o) : opts(o) {
-    sched = std::make_unique<kvstore::scheduler>(opts);
+    auto sched_opts = opts;
+    sched_opts.role = kvstore::role::scheduler;
+    sched = std::make_unique<kvstore::node_loop>(sched_opts);
     opts.scheduler_port = sched->port();
     for (int s = 0; s < opts.num_servers; ++s) {
       auto so = opts;
       so.role = kvstore::role::server;
       so.rank_hint = s;
-      servers.push_back(std::make_unique<kvstore::server>(so));
+      servers.push_back(std::make_unique<kvstore::node_loop>(so));
       auto* sp = servers.back().get();
       sp->on_command([this, sp](int head, std::string_view body) {
         if (head == 99) throw std::runtime_error("head 99 is refused");
@@ -442,8 +445,8 @@ struct hooked_cluster {
     bool operator==(const call& o) const = default;
   };
   kvstore::dist_options opts;
-  std::unique_ptr<kvstore::scheduler> sched;
-  std::vector<std::unique_ptr<kvstore::server>> servers;
+  std::unique_ptr<kvstore::node_loop> sched;
+  std::vector<std::unique_ptr<kvstore::node_loop>> servers;
   std::vector<std::thread> threads;
   std::mutex m;
   std::vector<call> calls;

@@ -4,6 +4,9 @@
 // address book; nodes whose KVSTORE_NUM_WORKERS differ from the scheduler's fail the job at once
 // with an error naming both numbers; a job that cannot gather tells its workers why.
 #include <kvstore/transport/identity.hpp>  // first: the header is self-contained
+// The server and scheduler classes themselves (kvstore.hpp declares only kvstore::node_loop).
+#include <kvstore/rendezvous/scheduler.hpp>
+#include <kvstore/server/server.hpp>
 
 #include <doctest/doctest.h>
 

@@ -2,6 +2,7 @@
 // "dist_async") reads the environment, which each test points at a scheduler and a server
 // running as threads of this process (support/cluster.hpp); the workers are threads too.
 #include <kvstore/compat/mxnet.hpp>  // first: the header is self-contained
+#include <kvstore/detail/log.hpp>
 
 #include <doctest/doctest.h>
 

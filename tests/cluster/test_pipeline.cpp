@@ -6,6 +6,8 @@
 #include "support/helpers.hpp"
 #include "support/tcp_bytes.hpp"
 
+#include <kvstore/wire/frame.hpp>  // the size of an acks frame
+
 #include <chrono>
 #include <cstdint>
 #include <span>

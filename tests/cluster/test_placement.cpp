@@ -7,6 +7,7 @@
 
 #include <doctest/doctest.h>
 
+#include <kvstore/client/client.hpp>  // detail::worker_client, a worker without a store
 #include <kvstore/server/checkpoint.hpp>
 
 #include "support/cluster.hpp"

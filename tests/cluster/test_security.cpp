@@ -8,6 +8,8 @@
 #include "support/byte_pipe.hpp"
 #include "support/cluster.hpp"
 
+#include <kvstore/wire/frame.hpp>  // hand-made frames
+
 #include <boost/asio.hpp>
 
 #include <atomic>

@@ -1,4 +1,6 @@
 #include <kvstore/transport/tcp_congestion.hpp>  // first: the header is self-contained
+// The server and scheduler classes themselves (kvstore.hpp declares only kvstore::node_loop).
+#include <kvstore/server/server.hpp>
 
 #include <doctest/doctest.h>
 

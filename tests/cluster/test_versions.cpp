@@ -3,6 +3,8 @@
 // one that fails at its deadline, and SSP: a worker too far ahead waits (its pull is still
 // pending after a delay) and proceeds once the slower worker pushes, leaves or dies.
 #include <kvstore/dist.hpp>  // first: the header is self-contained
+// The server and scheduler classes themselves (kvstore.hpp declares only kvstore::node_loop).
+#include <kvstore/server/server.hpp>
 
 #include <doctest/doctest.h>
 

@@ -27,4 +27,12 @@ if(KVSTORE_CONAN)
             KVSTORE_CONAN_WORK=${CMAKE_CURRENT_BINARY_DIR}/conan/work
             bash ${PROJECT_SOURCE_DIR}/scripts/conan-create.sh)
   set_tests_properties(conan_create PROPERTIES TIMEOUT 900 LABELS packaging)
+  # The same recipe with the compiled library (header_only=False), in a Conan home of its own so
+  # the two runs can go side by side.
+  add_test(NAME conan_create_compiled
+    COMMAND ${CMAKE_COMMAND} -E env
+            CONAN_HOME=${CMAKE_CURRENT_BINARY_DIR}/conan-compiled/home
+            KVSTORE_CONAN_WORK=${CMAKE_CURRENT_BINARY_DIR}/conan-compiled/work
+            bash ${PROJECT_SOURCE_DIR}/scripts/conan-create.sh -o "kvstore/*:header_only=False")
+  set_tests_properties(conan_create_compiled PROPERTIES TIMEOUT 900 LABELS packaging)
 endif()

@@ -117,7 +117,7 @@ struct job {
   bool sync;
   std::string name;
   kvstore::dist_options opts;
-  std::unique_ptr<kvstore::scheduler> sched;
+  std::unique_ptr<kvstore::node_loop> sched;
   std::thread sched_thread;
   std::vector<kvtest::child> servers;
   std::vector<std::vector<long>> rss;  // per server, one sample a second
@@ -140,7 +140,9 @@ struct job {
     opts.request_timeout = std::chrono::milliseconds(60'000);
     opts.barrier_timeout = std::chrono::milliseconds(120'000);
     opts.threads = 2;
-    sched = std::make_unique<kvstore::scheduler>(opts);
+    auto sched_opts = opts;
+    sched_opts.role = kvstore::role::scheduler;
+    sched = std::make_unique<kvstore::node_loop>(sched_opts);
     opts.scheduler_port = sched->port();
     sched_thread = std::thread([this] {
       try {
@@ -447,8 +449,9 @@ bool rss_flat(const std::vector<long>& kib, std::string& summary) {
 
 int serve() {
   try {
-    kvstore::server s(kvstore::dist_options::from_env());
-    s.run();
+    auto o = kvstore::dist_options::from_env();
+    o.role = kvstore::role::server;
+    kvstore::serve(o);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kv_soak server: %s\n", e.what());

@@ -21,6 +21,8 @@
 #include "support/helpers.hpp"
 #include "support/process.hpp"
 
+#include <kvstore/wire/frame.hpp>  // the header's fields, for hand-made frames
+
 #include <signal.h>
 #include <unistd.h>
 

@@ -14,6 +14,8 @@
 #include "support/process.hpp"
 #include "support/wire_peer.hpp"
 
+#include <kvstore/wire/messages.hpp>  // what a hostile worker sends, by hand
+
 #include <sys/resource.h>
 
 #include <chrono>

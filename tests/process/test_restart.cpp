@@ -3,6 +3,8 @@
 // and training goes on with every push applied exactly once, and every key's version (rounds or
 // pushes) counted once. A corrupt snapshot is refused.
 #include <kvstore/server/checkpoint.hpp>  // first: the header is self-contained
+// The server and scheduler classes themselves (kvstore.hpp declares only kvstore::node_loop).
+#include <kvstore/rendezvous/scheduler.hpp>
 
 #include <doctest/doctest.h>
 

@@ -37,7 +37,9 @@ inline kvstore::dist_options test_options(int workers, int servers, bool sync = 
 class cluster {
  public:
   explicit cluster(kvstore::dist_options o) : opts_(std::move(o)) {
-    sched_ = std::make_unique<kvstore::scheduler>(opts_);
+    auto sched_opts = opts_;
+    sched_opts.role = kvstore::role::scheduler;
+    sched_ = std::make_unique<kvstore::node_loop>(sched_opts);
     opts_.scheduler_port = sched_->port();
     threads_.emplace_back([this] { guard([&] { sched_->run(); }); });
     // Colocated (dist_options::colocated): every worker's store runs its own server.
@@ -45,7 +47,7 @@ class cluster {
       auto so = opts_;
       so.role = kvstore::role::server;
       so.rank_hint = s;
-      servers_.push_back(std::make_unique<kvstore::server>(so));
+      servers_.push_back(std::make_unique<kvstore::node_loop>(so));
     }
     for (auto& s : servers_) {
       auto* p = s.get();
@@ -59,8 +61,8 @@ class cluster {
   }
 
   const kvstore::dist_options& options() const { return opts_; }
-  kvstore::server& server(int i) { return *servers_[static_cast<std::size_t>(i)]; }
-  kvstore::scheduler& scheduler() { return *sched_; }
+  kvstore::node_loop& server(int i) { return *servers_[static_cast<std::size_t>(i)]; }
+  kvstore::node_loop& scheduler() { return *sched_; }
 
   /// Runs f(kv) on num_workers threads, each with its own KVStore<dist, T> (rank = thread
   /// index); rethrows the first exception after all joined.
@@ -99,8 +101,8 @@ class cluster {
   }
 
   kvstore::dist_options opts_;
-  std::unique_ptr<kvstore::scheduler> sched_;
-  std::vector<std::unique_ptr<kvstore::server>> servers_;
+  std::unique_ptr<kvstore::node_loop> sched_;
+  std::vector<std::unique_ptr<kvstore::node_loop>> servers_;
   std::vector<std::thread> threads_;
   std::mutex m_;
   std::exception_ptr first_;
