@@ -4,6 +4,7 @@
 
 #include <kvstore/error.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -18,9 +19,10 @@
 namespace kvstore {
 
 namespace detail {
-/// What a wait on an op not yet done first asks of the store that made it: to send now what it
-/// holds back for a while (small-key fusion's waiting pushes, client/fusion.hpp), so a caller
-/// that waits never pays that while. The store outlives every op of its that is not done.
+/// What a wait on an op not yet done asks of the store that made it, first and then again while
+/// it waits: to send now what it holds back for a while (small-key fusion's waiting pushes,
+/// client/fusion.hpp), so a caller that waits never pays that while. The store outlives every op
+/// of its that is not done.
 struct wait_hook {
   virtual void before_wait() = 0;
 
@@ -44,7 +46,7 @@ struct op_state {
   std::atomic<bool> finished{false};  // remaining reached 0 (read without the lock by spinners)
   unsigned spin_us = 0;               // wait() polls `finished` this long before sleeping
   unsigned sleepers = 0;              // threads asleep in wait_done (under m)
-  wait_hook* hurry = nullptr;         // asked by wait() before it waits (set before shared)
+  wait_hook* hurry = nullptr;         // asked by wait() before and while it waits (set before shared)
   continuation then;
 
   /// Sleeps until every part has completed (`lk` holds m). The last part wakes only ops that
@@ -90,7 +92,10 @@ class op {
     if (s_->hurry && !s_->finished.load(std::memory_order_acquire)) s_->hurry->before_wait();
     if (s_->spin_us && !s_->finished.load(std::memory_order_acquire)) spin();
     std::unique_lock lk(s_->m);
-    s_->wait_done(lk);
+    if (s_->hurry)
+      wait_hurrying(lk);
+    else
+      s_->wait_done(lk);
     if (s_->error) std::rethrow_exception(s_->error);
   }
   /// True once done (successfully or not); never blocks.
@@ -142,6 +147,22 @@ class op {
  private:
   // Polls for completion for up to spin_us before wait() sleeps: an answer that comes within it
   // is seen without waking this thread from sleep.
+  // Sleeps until done, asking the store's hook again at a growing interval (1 ms to 64 ms): the
+  // op's task may reach what the hook sends (a fused push) only after this wait began, on an
+  // engine thread that ran late, and would then wait out the store's hold (fuse_time).
+  void wait_hurrying(std::unique_lock<std::mutex>& lk) const {
+    for (auto pause = std::chrono::milliseconds(1); s_->remaining != 0;
+         pause = std::min(pause * 2, std::chrono::milliseconds(64))) {
+      ++s_->sleepers;
+      const bool done = s_->cv.wait_for(lk, pause, [&] { return s_->remaining == 0; });
+      --s_->sleepers;
+      if (done) return;
+      lk.unlock();
+      s_->hurry->before_wait();
+      lk.lock();
+    }
+  }
+
   void spin() const {
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(s_->spin_us);
     do {
