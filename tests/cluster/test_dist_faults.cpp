@@ -11,6 +11,7 @@
 // Internals the store does not declare: the partition rule, the frame header's fields.
 #include <kvstore/client/partition.hpp>
 #include <kvstore/wire/frame.hpp>
+#include <kvstore/wire/messages.hpp>
 
 #include <arpa/inet.h>
 #include <fcntl.h>

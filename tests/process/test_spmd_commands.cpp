@@ -16,6 +16,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -26,6 +27,14 @@ void log_command(const char* tag, int head, std::string_view body) {
   const char* path = std::getenv("KVTEST_COMMAND_LOG");
   if (!path) return;
   std::ofstream(path, std::ios::app) << tag << " " << head << ":" << body << "\n";
+}
+
+// A node's run() on a thread of the test: how it ends (the job over, or stopped) is not checked.
+void run_quietly(kvstore::node_loop& n) {
+  try {
+    n.run();
+  } catch (const std::exception&) {
+  }
 }
 
 }  // namespace
@@ -87,11 +96,44 @@ TEST_CASE("servers launched SPMD run the program's registered command handlers" 
   CHECK(out == kvtest::filled(4, 3.0f));
 }
 
-TEST_CASE("a server without a registered handler answers commands as unsupported" *
+TEST_CASE("a server whose handlers were taken away answers commands as unsupported" *
           doctest::timeout(60)) {
-  kvtest::cluster c(kvtest::test_options(1, 1));  // servers built directly, not SPMD
-  c.run_workers([](kvstore::KVStore<kvstore::dist>& kv) {
-    kvtest::expect_error([&] { kv.send_command_to_servers(1, "x"); }, kvstore::errc::unsupported,
-                         {"no command handler"});
-  });
+  // A node_loop runs the program's registered handlers (this binary registers two) unless
+  // on_command replaces them; an empty one leaves the server with none.
+  auto o = kvtest::test_options(1, 1);
+  auto so = o;
+  so.role = kvstore::role::scheduler;
+  kvstore::node_loop sched(so);
+  o.scheduler_port = sched.port();
+  auto vo = o;
+  vo.role = kvstore::role::server;
+  kvstore::node_loop srv(vo);
+  srv.on_command({});
+  std::thread ts([&] { run_quietly(sched); }), tv([&] { run_quietly(srv); });
+  struct stop_all {  // also when a check below throws
+    kvstore::node_loop &a, &b;
+    std::thread &ta, &tb;
+    ~stop_all() {
+      a.stop();
+      b.stop();
+      ta.join();
+      tb.join();
+    }
+  } stop{srv, sched, ts, tv};
+  auto wo = o;
+  wo.role = kvstore::role::worker;
+  kvstore::KVStore<kvstore::dist> kv(wo);
+  kvtest::expect_error([&] { kv.send_command_to_servers(1, "x"); }, kvstore::errc::unsupported,
+                       {"no command handler"});
+}
+
+TEST_CASE("a server of kvstore::node_loop runs the program's registered handlers" *
+          doctest::timeout(60)) {
+  kvtest::temp_dir dir("kvstore-node-loop");
+  const std::string log = dir / "commands.log";
+  ::setenv("KVTEST_COMMAND_LOG", log.c_str(), 1);
+  kvtest::cluster c(kvtest::test_options(1, 1));  // its servers are node_loops
+  c.run_workers([](kvstore::KVStore<kvstore::dist>& kv) { kv.send_command_to_servers(5, "hi"); });
+  ::unsetenv("KVTEST_COMMAND_LOG");
+  CHECK(kvtest::read_file(log) == "first 5:hi\nsecond 5:hi\n");
 }

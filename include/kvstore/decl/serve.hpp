@@ -28,6 +28,8 @@ class node_loop {
   KVSTORE_DECL void stop();
   /// The port it listens on (the one asked for, or the one the system gave for port 0).
   KVSTORE_DECL std::uint16_t port() const;
+  /// Connections its accept loop failed to take (EMFILE and the like), each logged and retried.
+  KVSTORE_DECL std::uint64_t accept_errors() const noexcept;
   /// The host a server tells workers to connect to; the scheduler's own host for a scheduler.
   KVSTORE_DECL std::string advertised_host() const;
   /// The server's rank once the scheduler gave it one (-1 before); 0 for the scheduler.

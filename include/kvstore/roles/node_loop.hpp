@@ -56,6 +56,10 @@ KVSTORE_DECL std::uint16_t node_loop::port() const {
   return nodes_->sched ? nodes_->sched->port() : nodes_->srv->port();
 }
 
+KVSTORE_DECL std::uint64_t node_loop::accept_errors() const noexcept {
+  return nodes_->sched ? nodes_->sched->accept_errors() : nodes_->srv->accept_errors();
+}
+
 KVSTORE_DECL std::string node_loop::advertised_host() const {
   return nodes_->sched ? nodes_->sched_host : nodes_->srv->advertised_host();
 }
