@@ -46,7 +46,7 @@ struct op_state {
   std::atomic<bool> finished{false};  // remaining reached 0 (read without the lock by spinners)
   unsigned spin_us = 0;               // wait() polls `finished` this long before sleeping
   unsigned sleepers = 0;              // threads asleep in wait_done (under m)
-  wait_hook* hurry = nullptr;         // asked by wait() before and while it waits (set before shared)
+  wait_hook* hurry = nullptr;         // asked by wait() before and as it waits (set before shared)
   continuation then;
 
   /// Sleeps until every part has completed (`lk` holds m). The last part wakes only ops that
