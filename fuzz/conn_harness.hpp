@@ -6,7 +6,7 @@
 #pragma once
 
 #include <kvstore/transport/auth.hpp>
-#include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/tcp_connection.hpp>
 #include <kvstore/wire/frame.hpp>
 
 #include <sys/socket.h>

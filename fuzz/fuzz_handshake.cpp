@@ -86,7 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   transport::security sec = fuzz::acceptor_security();
   sec.acceptor = mode != 2;
   if (mode == 2) sec.expect_peer = role::server;  // a connector checks whom it reached
-  auto c = std::make_shared<transport::connection>(sp.take_socket(io), rec, lim, sec, 4096);
+  auto c = std::make_shared<transport::tcp_connection>(sp.take_socket(io), rec, lim, sec, 4096);
   c->start();
   if (mode == 1) {
     const std::string nonce = fuzz::read_challenge(io, sp);

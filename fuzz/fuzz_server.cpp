@@ -46,8 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   fuzz::socket_pair sp;
   wire::limits lim;
   lim.max_payload = o.max_frame_bytes;
-  auto c = std::make_shared<transport::connection>(sp.take_socket(io), srv, lim, o.security(true),
-                                                   o.chunk_bytes);
+  auto c = std::make_shared<transport::tcp_connection>(sp.take_socket(io), srv, lim,
+                                                       o.security(true), o.chunk_bytes);
   c->start();
   const std::string nonce = fuzz::read_challenge(io, sp);
   const std::string a = fuzz::auth_frame(nonce);

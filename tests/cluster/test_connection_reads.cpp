@@ -2,7 +2,7 @@
 // at odd places (inside headers, meta and payloads) and pauses between pieces, every frame of a
 // stream of mixed sizes (empty to 300 KB, around the read buffer's small_rest_bytes, and many
 // small ones) arrives whole and in order, into the owner's sink or the connection's own buffer.
-#include <kvstore/transport/connection.hpp>  // first: the header is self-contained
+#include <kvstore/transport/tcp_connection.hpp>  // first: the header is self-contained
 
 #include <doctest/doctest.h>
 
@@ -29,7 +29,7 @@ namespace wire = kvstore::wire;
 
 namespace {
 
-constexpr std::size_t small_rest = transport::connection::small_rest_bytes;
+constexpr std::size_t small_rest = transport::tcp_connection::small_rest_bytes;
 
 // Payload sizes: empty, tiny, on either side of small_rest_bytes, and past the 64 KiB buffer.
 const std::vector<std::size_t> sizes = {
@@ -136,10 +136,10 @@ void stream_and_check(asio::io_context& io, tcp::socket from, tcp::socket to, st
                       std::size_t small_frames) {
   receiver rx;
   sender tx;
-  auto rconn =
-      std::make_shared<transport::connection>(std::move(to), rx, wire::limits{}, security_of(true));
-  auto sconn = std::make_shared<transport::connection>(std::move(from), tx, wire::limits{},
-                                                       security_of(false));
+  auto rconn = std::make_shared<transport::tcp_connection>(std::move(to), rx, wire::limits{},
+                                                           security_of(true));
+  auto sconn = std::make_shared<transport::tcp_connection>(std::move(from), tx, wire::limits{},
+                                                           security_of(false));
   std::thread runner([&] { io.run(); });
   rconn->start();
   sconn->start();

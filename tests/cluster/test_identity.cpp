@@ -39,8 +39,8 @@ class impostor final : public transport::frame_handler {
       : work_(io_.get_executor()) {
     tcp::socket s(io_);
     s.connect({asio::ip::make_address("127.0.0.1"), port});
-    conn_ = std::make_shared<transport::connection>(std::move(s), *this, wire::limits{},
-                                                    o.security(false));
+    conn_ = std::make_shared<transport::tcp_connection>(std::move(s), *this, wire::limits{},
+                                                        o.security(false));
     thread_ = std::thread([this] { io_.run(); });
     conn_->start();
     auto frame = [&](wire::cmd c, std::uint64_t req, std::string meta = {}) {
@@ -173,8 +173,8 @@ class peer final : public transport::frame_handler {
   peer(const kvstore::dist_options& o, std::uint16_t port) : work_(io_.get_executor()) {
     tcp::socket s(io_);
     s.connect({asio::ip::make_address("127.0.0.1"), port});
-    conn_ = std::make_shared<transport::connection>(std::move(s), *this, wire::limits{},
-                                                    o.security(false));
+    conn_ = std::make_shared<transport::tcp_connection>(std::move(s), *this, wire::limits{},
+                                                        o.security(false));
     thread_ = std::thread([this] { io_.run(); });
     conn_->start();
   }

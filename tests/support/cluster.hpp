@@ -6,10 +6,12 @@
 
 #include <kvstore/kvstore.hpp>
 
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -31,6 +33,9 @@ inline kvstore::dist_options test_options(int workers, int servers, bool sync = 
   // A dead worker fails the others' rounds with an error naming it (the library's default lets
   // it leave the group instead); tests of leaving set leave_group themselves.
   o.on_worker_death = kvstore::worker_death::fail;
+  // KVTEST_LINK=inproc: the same job over the in-process link (transport/inproc.hpp), no sockets.
+  if (const char* link = std::getenv("KVTEST_LINK"); link && std::string_view(link) == "inproc")
+    o.scheduler_host = o.bind_host = "inproc";
   return o;
 }
 

@@ -17,6 +17,7 @@
 #include <kvstore/op.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/dial.hpp>
 #include <kvstore/wire/commands.hpp>
 #include <kvstore/wire/messages.hpp>
 
@@ -160,6 +161,16 @@ class worker_client final : public worker_join {
         s.port = b.port;
       }
       if (!s.waiting) continue;  // address changed while up: the old connection's loss follows
+      if (transport::is_inproc(b.host)) {
+        try {  // one try, at once: nothing to wait for in this process
+          reattach(i, transport::dial(io_, b.host, b.port, std::chrono::milliseconds(0),
+                                      node_name(s.id), *this, data_limits(),
+                                      worker_security(role::server), opts_.chunk_bytes));
+        } catch (const error& e) {
+          detail::log_warn(who_, "cannot reconnect to " + node_name(s.id) + ": " + e.what());
+        }
+        continue;
+      }
       auto sock = std::make_shared<transport::tcp::socket>(io_);
       transport::tcp::endpoint ep;
       boost::system::error_code ec;
@@ -177,14 +188,16 @@ class worker_client final : public worker_join {
                 who_, "reconnecting to " + node_name(servers_[i].id) + " failed: " + e.message());
           return;
         }
-        reattach(i, std::move(*sock));
+        reattach(i, std::make_shared<transport::tcp_connection>(
+                        std::move(*sock), *this, data_limits(), worker_security(role::server),
+                        opts_.chunk_bytes));
       });
     }
   }
 
-  void reattach(std::size_t i, transport::tcp::socket sock) {
+  void reattach(std::size_t i, std::shared_ptr<transport::connection> c) {
     // Requests keep waiting (s.waiting) until the hello is queued on the new connection.
-    attach(servers_[i], std::move(sock), [this, i](hello_outcome o) {
+    attach(servers_[i], std::move(c), [this, i](hello_outcome o) {
       if (o.ok) resend(i);
     });
   }

@@ -11,6 +11,7 @@
 #include <kvstore/node.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/dial.hpp>
 #include <kvstore/transport/endpoint.hpp>
 #include <kvstore/transport/identity.hpp>
 #include <kvstore/transport/tls.hpp>
@@ -37,13 +38,11 @@ class worker_join : public worker_links {
  protected:
   using worker_links::worker_links;
 
-  // Opens the connection to server `s` (already connected socket); `then` runs on the io thread
-  // once the hello is queued or the connection closed first. While `joining`, a connection that
-  // closes before its hello is no lost server: join() reports it or tries again.
-  void attach(server_ref& s, transport::tcp::socket sock, std::function<void(hello_outcome)> then,
-              bool joining = false) {
-    auto c = std::make_shared<transport::connection>(
-        std::move(sock), *this, data_limits(), worker_security(role::server), opts_.chunk_bytes);
+  // Starts `c`, the connection to server `s` (dialed, not started); `then` runs on the io
+  // thread once the hello is queued or the connection closed first. While `joining`, a
+  // connection that closes before its hello is no lost server: join() reports it or tries again.
+  void attach(server_ref& s, std::shared_ptr<transport::connection> c,
+              std::function<void(hello_outcome)> then, bool joining = false) {
     c->peer_id = s.id;
     c->peer_rank = s.rank;
     c->peer_role = static_cast<int>(role::server);
@@ -95,43 +94,45 @@ class worker_join : public worker_links {
   // Connects to the scheduler and waits for the token handshake, tried again as a server's
   // (join_server): the scheduler's link can be the same slow, lossy one.
   void join_scheduler() {
-    join_node(scheduler_id, opts_.scheduler_host, opts_.scheduler_port,
-              [this](transport::tcp::socket sock, std::function<void(hello_outcome)> then) {
-                auto c = std::make_shared<transport::connection>(
-                    std::move(sock), *this, small_limits(), worker_security(role::scheduler));
-                {
-                  std::lock_guard lk(m_);
-                  sched_ = c;
-                  hellos_[c.get()] = {c, scheduler_id, std::move(then), /*joining=*/true};
-                }
-                c->start();
-              });
+    join_node(
+        scheduler_id, opts_.scheduler_host, opts_.scheduler_port, small_limits(),
+        worker_security(role::scheduler), std::size_t{1} << 20,
+        [this](std::shared_ptr<transport::connection> c, std::function<void(hello_outcome)> then) {
+          {
+            std::lock_guard lk(m_);
+            sched_ = c;
+            hellos_[c.get()] = {c, scheduler_id, std::move(then), /*joining=*/true};
+          }
+          c->start();
+        });
   }
 
   // Connects to server s and queues this worker's hello on it.
   void join_server(server_ref& s) {
-    join_node(s.id, s.host, s.port,
-              [this, &s](transport::tcp::socket sock, std::function<void(hello_outcome)> then) {
-                attach(s, std::move(sock), std::move(then), /*joining=*/true);
+    join_node(s.id, s.host, s.port, data_limits(), worker_security(role::server), opts_.chunk_bytes,
+              [this, &s](std::shared_ptr<transport::connection> c,
+                         std::function<void(hello_outcome)> then) {
+                attach(s, std::move(c), std::move(then), /*joining=*/true);
               });
   }
 
-  // Connects to node `id` and has open(socket, then) start the connection on the io thread;
+  // Dials node `id` and has open(connection, then) start it on the io thread;
   // then() reports how its handshake ended. A handshake that the link cut short is tried again
   // on a new connection until connect_timeout: on a slow, lossy link it can outlast
   // handshake_timeout (two lost SYNs alone take 3 s). A refusal is final.
   template <class Open>
-  void join_node(int id, const std::string& host, std::uint16_t port, Open open) {
+  void join_node(int id, const std::string& host, std::uint16_t port, wire::limits lim,
+                 const transport_security& sec, std::size_t gather_bytes, Open open) {
     const auto deadline = clock::now() + opts_.connect_timeout;
     std::string lost;  // how the last attempt's handshake ended, once one did
     for (int attempt = 1;; ++attempt) {
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - clock::now());
-      std::optional<transport::tcp::socket> sock;
+      std::shared_ptr<transport::connection> conn;
       try {
-        sock.emplace(transport::connect_with_retry(
-            io_, host, port, std::max(left, std::chrono::milliseconds(1)),
-            id == scheduler_id ? "the scheduler" : node_name(id)));
+        conn = transport::dial(io_, host, port, std::max(left, std::chrono::milliseconds(1)),
+                               id == scheduler_id ? "the scheduler" : node_name(id), *this, lim,
+                               sec, gather_bytes);
       } catch (const error& e) {
         if (lost.empty()) throw;
         throw error(errc::unreachable, "join: " + lost + "; connecting again: " + e.what());
@@ -140,7 +141,7 @@ class worker_join : public worker_links {
       auto outcome = said.get_future();
       transport::asio::post(io_, [&] {
         try {
-          open(std::move(*sock), [&said](hello_outcome o) { said.set_value(std::move(o)); });
+          open(std::move(conn), [&said](hello_outcome o) { said.set_value(std::move(o)); });
         } catch (...) {
           said.set_exception(std::current_exception());
         }

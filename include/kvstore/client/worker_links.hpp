@@ -14,6 +14,7 @@
 #include <kvstore/op.hpp>
 #include <kvstore/options.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/endpoint.hpp>
 #include <kvstore/wire/commands.hpp>
 
 #include <atomic>

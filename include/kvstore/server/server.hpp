@@ -15,6 +15,7 @@
 #include <kvstore/server/shard.hpp>
 #include <kvstore/server/snapshots.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/dial.hpp>
 #include <kvstore/transport/identity.hpp>
 #include <kvstore/transport/node_base.hpp>
 #include <kvstore/wire/messages.hpp>
@@ -86,12 +87,10 @@ class server final : public transport::node_base {
     // address book (separate connections, one io thread) already sees this server's identity.
     if (opts_.rank_hint >= 0 && opts_.rank_hint < opts_.num_servers)
       identify(detail::server_id(opts_.rank_hint), opts_.rank_hint);
-    auto sock = transport::connect_with_retry(io_, opts_.scheduler_host, opts_.scheduler_port,
-                                              opts_.connect_timeout, "the scheduler");
     auto sec = opts_.security(false, role::scheduler);
     sec.self = role::server;
-    sched_ = std::make_shared<transport::connection>(std::move(sock), *this, detail::sched_limits(),
-                                                     sec);
+    sched_ = transport::dial(io_, opts_.scheduler_host, opts_.scheduler_port, opts_.connect_timeout,
+                             "the scheduler", *this, detail::sched_limits(), sec);
     sched_->start();
     transport::out_frame reg;
     reg.h.command = wire::cmd::reg;

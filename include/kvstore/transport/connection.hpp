@@ -1,461 +1,75 @@
-// One framed TCP connection over Boost.Asio: a buffered frame reader that hands payloads to a
-// sink chosen by the owner (so a pull's answer lands straight in the caller's buffer), and the
-// writes of its send side (transport/frame_writer.hpp: the queue, direct writes, gathered
-// writes straight from the caller's buffers), driven here. All socket work happens on the
-// connection's executor (one io thread per process); send() may be called from any thread.
-// Before any of that, TLS (when on) and the token handshake, whose rules are
-// transport/handshake.hpp's: this file only reads and writes its frames. What a connection holds
-// and its steps that wait on nothing are transport/connection_state.hpp's.
+// The seam between the protocol (worker, server, scheduler) and the link that carries its
+// frames: send a frame, receive frames (frame_handler), close. Two links implement it: TCP with
+// TLS and the token handshake (transport/tcp_connection.hpp), and an in-process pair for a
+// worker and a server in one process without sockets (transport/inproc.hpp). Which one a node
+// gets is the host it names (transport/dial.hpp); the protocol code never knows.
 #pragma once
 
-#include <kvstore/error.hpp>
-#include <kvstore/transport/connection_state.hpp>
-#include <kvstore/transport/endpoint.hpp>
+#include <kvstore/node.hpp>
 #include <kvstore/transport/frame_handler.hpp>
-#include <kvstore/transport/frame_writer.hpp>
-#include <kvstore/transport/handshake.hpp>
 #include <kvstore/transport/out_frame.hpp>
-#include <kvstore/transport/socket_io.hpp>
-#include <kvstore/transport/tls.hpp>
 #include <kvstore/wire/frame.hpp>
 
-#include <boost/asio.hpp>
-
-#include <algorithm>
-#include <array>
-#include <chrono>
 #include <cstddef>
-#include <cstring>
-#include <functional>
 #include <memory>
-#include <span>
 #include <string>
-#include <vector>
 
 namespace kvstore::transport {
 
-class connection : public std::enable_shared_from_this<connection>, public connection_state {
+// Owners and the protocol hold connections by shared_ptr (weak_from_this() for answers that
+// may outlive one).
+class connection : public std::enable_shared_from_this<connection> {
  public:
-  connection(tcp::socket sock, frame_handler& handler, wire::limits lim, security sec,
-             std::size_t gather_bytes = std::size_t{1} << 20)
-      : connection_state(std::move(sock), handler, lim, std::move(sec), gather_bytes) {}
+  virtual ~connection() = default;
 
-  /// Starts the handshake and reading. Call once, after the owner has stored the shared_ptr.
-  /// Frames sent before the handshake is done wait for it.
-  void start() {
-    asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->begin(); });
-  }
-
-  /// Queues a frame; thread-safe. Frames of equal priority go out in the order queued.
-  /// With `may_write_now`, a frame sent while nothing else is queued or being written goes to
-  /// the socket at once from the calling thread (one non-blocking sendmsg, no hand-off to the io
-  /// thread); what the socket does not take at once is finished by the io thread. Callers pass
-  /// it for latency-bound sends (nothing else in flight), not for bursts, which the io thread
-  /// gathers into fewer, larger writes. A frame in pieces (out_frame::pieces) always goes
-  /// through the io thread.
-  void send(out_frame&& f, bool may_write_now = false) {
-    // authed_ is stored after tls_ is set, so tls_ is safe to read once authed_ is seen true.
-    const bool open = authed_.load();
-    const int direct_fd = may_write_now && open && !tls_ ? sock_.native_handle() : -1;
-    // On the connection's own io thread (a server answering inside its frame handler) the write
-    // starts at once; from any other thread it is posted there.
-    if (writer_.queue(std::move(f), direct_fd, open) == frame_writer::queued::start)
-      asio::dispatch(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
-  }
-
-  /// Queues `h`, an ok answer to pushes (wire::acks_header, sender set); thread-safe. When it
-  /// continues the acks queued last it extends them in place, with no frame built or moved.
-  void send_acks(const wire::header& h) {
-    if (writer_.extend_acks(h)) return;
+  /// Starts the link (its handshake, then reading). Call once, after the owner has stored the
+  /// shared_ptr. Frames sent before the link is proven wait for it.
+  virtual void start() = 0;
+  /// Queues a frame; thread-safe. Frames of equal priority go out in the order queued. With
+  /// `may_write_now` a link may write from the calling thread when nothing else is queued.
+  virtual void send(out_frame&& f, bool may_write_now = false) = 0;
+  /// Queues `h`, an ok answer to pushes (wire::acks_header, sender set); thread-safe.
+  virtual void send_acks(const wire::header& h) {
     out_frame f;
     f.h = h;
     send(std::move(f));
   }
+  /// Closes the link (from any thread); the handler's on_close runs once with `reason`.
+  virtual void close(std::string reason) = 0;
+  /// Stops handing frames to the owner after the current one (from the io thread, e.g. inside
+  /// on_frame); resume_reading() (from any thread) goes on where it stopped.
+  virtual void pause_reading() = 0;
+  virtual void resume_reading() = 0;
 
-  /// Closes the connection (from any thread); the handler's on_close runs once with `reason`.
-  void close(std::string reason) {
-    asio::post(sock_.get_executor(),
-               [self = shared_from_this(), reason = std::move(reason)] { self->fail(reason); });
-  }
+  /// True once the peer proved the token (and, to a connector, the role it was dialed as).
+  virtual bool authenticated() const noexcept = 0;
+  /// The role the peer proved (valid once authenticated()).
+  virtual kvstore::role peer_proven_role() const noexcept = 0;
+  /// What identifies this proven link on both ends: a proof bound to it cannot be replayed on
+  /// another. Empty before the peer is proven.
+  virtual const std::string& binding() const noexcept = 0;
+  /// Bytes of frames queued and not yet taken by the link.
+  virtual std::size_t queued_bytes() const noexcept = 0;
+  virtual bool is_closed() const noexcept = 0;
+  /// Closed by the link, not by a refusal: a new connection may succeed where this one did not.
+  virtual bool link_lost() const noexcept = 0;
+  /// The peer's address, for messages ("ip:port", or "inproc:port").
+  virtual const std::string& remote() const noexcept = 0;
+  /// Returns once no caller's thread is still writing a frame this link took with
+  /// may_write_now (see tcp_connection); a link that never writes from callers has nothing to do.
+  virtual void sync_with_direct_writes() const noexcept {}
 
-  /// Goes on reading where pause_reading() stopped; from any thread.
-  void resume_reading() {
-    asio::post(sock_.get_executor(), [self = shared_from_this()] {
-      self->paused_by_owner_ = false;
-      self->maybe_resume();
-    });
-  }
+  /// Owner's tag for the peer (role, rank, node id), set after its hello.
+  int peer_id = -1;
+  int peer_rank = -1;
+  int peer_role = -1;
+  bool said_bye = false;
 
- private:
-  // ---- handshake ----------------------------------------------------------------------------
-  // TLS first (when on, within the handshake deadline), then the token challenge.
-  void begin() {
-    if (closed_flag_) return;
-    std::shared_ptr<ssl::context> ctx;
-    try {
-      ctx = tls_context(sec_);
-    } catch (const std::exception& e) {
-      return fail(e.what());
-    }
-    if (ctx) {
-      tls_ = std::make_unique<ssl::stream<tcp::socket&>>(sock_, *ctx);
-      arm_timer(sec_.handshake_timeout, true);
-      tls_->async_handshake(sec_.acceptor ? ssl::stream_base::server : ssl::stream_base::client,
-                            [self = shared_from_this()](boost::system::error_code ec) {
-                              if (ec) return self->fail("TLS handshake: " + ec.message());
-                              self->begin_token();
-                            });
-      return;
-    }
-    begin_token();
-  }
-
-  void begin_token() {
-    if (closed_flag_) return;
-    // Until the peer is proven: small frames without payload, within the deadline.
-    full_limits_ = limits_;
-    limits_.max_payload = 0;
-    limits_.max_meta = hs_.max_meta();
-    const auto first = hs_.start();
-    if (first.send) send_handshake(first.cmd, first.meta, {});
-    arm_timer(sec_.handshake_timeout, true);
-    read_more();
-  }
-
-  // Writes one handshake frame (nothing else is written before the handshake ends), then runs
-  // `then` (if any) once it is out.
-  void send_handshake(wire::cmd c, std::string meta, std::function<void()> then) {
-    wire::header h;
-    h.command = c;
-    h.meta_len = static_cast<std::uint32_t>(meta.size());
-    hs_hdr_ = wire::encode(h);
-    hs_meta_ = std::move(meta);
-    std::array<asio::const_buffer, 2> b{asio::buffer(hs_hdr_), asio::buffer(hs_meta_)};
-    io([&](auto& st) {
-      asio::async_write(st, b,
-                        [self = shared_from_this(), then = std::move(then)](
-                            boost::system::error_code ec, std::size_t) {
-                          if (ec) return self->lose_link("write: " + ec.message());
-                          if (then) then();
-                        });
-    });
-  }
-
-  // Says why before closing, so a misconfigured node reports a wrong token, not a mystery.
-  void refuse(const std::string& why) {
-    wire::header r;
-    r.command = wire::cmd::response;
-    r.status = static_cast<std::uint32_t>(errc::auth_failed);
-    hs_hdr_ = wire::encode(r);
-    closing_ = true;
-    io([&](auto& st) {
-      asio::async_write(st, asio::buffer(hs_hdr_),
-                        [self = shared_from_this(), why](boost::system::error_code, std::size_t) {
-                          self->fail(why);
-                        });
-    });
-  }
-
-  // A frame of the handshake: the step transport/handshake.hpp decides, carried out.
-  void handshake(const wire::header& h, const std::string& meta) {
-    auto step = hs_.on_frame(h, meta, connector_address(sock_, sec_.acceptor));
-    if (!step.refuse.empty()) return refuse(step.refuse);
-    if (!step.fail.empty()) return fail(step.fail);
-    if (step.proven) peer_proven();
-    if (!step.send) {
-      if (step.proven) writes_open();
-      return;
-    }
-    // A proof of ours goes out before any frame of ours.
-    std::function<void()> then;
-    if (step.proven) then = [self = shared_from_this()] { self->writes_open(); };
-    send_handshake(step.cmd, std::move(step.meta), std::move(then));
-  }
-
-  // The peer proved the token: full limits and buffer, the idle deadline, the owner told.
-  void peer_proven() {
-    limits_ = full_limits_;
-    rbuf_.resize(read_buffer_size);
-    proven_ = true;
-    arm_timer(sec_.idle_timeout, false);
-    handler_->on_authenticated(*this);
-  }
-  // This end's part of the handshake is out: queued frames may follow.
-  void writes_open() {
-    if (closed_flag_) return;
-    authed_ = true;
-    start_writing();
-  }
-
-  void start_writing() {
-    if (writer_.begin_writing()) write_more();
-  }
-
-  // Handshake deadline, then (if set) the idle deadline, checked a few times per period.
-  void arm_timer(std::chrono::milliseconds period, bool handshake) {
-    timer_.cancel();
-    if (period.count() <= 0) return;
-    last_rx_ = std::chrono::steady_clock::now();
-    timer_.expires_after(handshake ? period : period / 4 + std::chrono::milliseconds(1));
-    timer_.async_wait([self = shared_from_this(), period, handshake](boost::system::error_code ec) {
-      if (ec || self->closed_flag_) return;
-      if (handshake) {
-        if (!self->proven_)
-          self->lose_link("no authentication within " + std::to_string(period.count()) + " ms");
-        return;
-      }
-      self->check_idle(period);
-    });
-  }
-  void check_idle(std::chrono::milliseconds period) {
-    auto now = std::chrono::steady_clock::now();
-    if (now - last_rx_ > period)
-      return lose_link("idle for more than " + std::to_string(period.count()) + " ms");
-    timer_.expires_after(period / 4 + std::chrono::milliseconds(1));
-    timer_.async_wait([self = shared_from_this(), period](boost::system::error_code ec) {
-      if (!ec && !self->closed_flag_) self->check_idle(period);
-    });
-  }
-
-  // ---- reading ------------------------------------------------------------------------------
-  void read_more() {
-    if (closed_flag_ || closing_) return;
-    if (rend_ == rbuf_.size()) restart_buffer();  // so the next header fits
-    io([&](auto& st) {
-      st.async_read_some(asio::buffer(rbuf_.data() + rend_, rbuf_.size() - rend_),
-                         [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                           if (ec)
-                             return self->lose_link(ec == asio::error::eof
-                                                        ? "closed by peer"
-                                                        : "read: " + ec.message());
-                           self->rend_ += n;
-                           self->sink_reads_in_row_ = 0;
-                           self->last_rx_ = std::chrono::steady_clock::now();
-                           self->parse();
-                         });
-    });
-  }
-
-  // Parses as many whole frames as the buffer holds; reads big payloads straight to their sink.
-  void parse() {
-    for (;;) {
-      if (closed_flag_ || closing_) return;
-      std::size_t avail = rend_ - rbeg_;
-      if (stage_ == stage::header) {
-        if (must_stall()) {
-          stalled_ = true;  // maybe_resume() goes on from here
-          return;
-        }
-        if (avail < wire::header_size) {
-          // The few bytes left move to the front, so the next read has the whole buffer: read
-          // into what was left of it, a busy link took two or three reads per 64 KiB.
-          restart_buffer();
-          return read_more();
-        }
-        std::string why;
-        if (!wire::decode(rbuf_.data() + rbeg_, cur_, limits_, why))
-          return fail("bad frame from " + remote_ + ": " + why);
-        rbeg_ += wire::header_size;
-        meta_.clear();
-        stage_ = stage::meta;
-        continue;
-      }
-      if (stage_ == stage::meta) {
-        std::size_t want = cur_.meta_len - meta_.size();
-        std::size_t take = std::min(want, avail);
-        if (take) meta_.append(reinterpret_cast<const char*>(rbuf_.data() + rbeg_), take);
-        rbeg_ += take;
-        if (meta_.size() < cur_.meta_len) {
-          restart_buffer();  // all of it was taken into meta_
-          return read_more();
-        }
-        // Meta complete: choose the payload's destination.
-        sink_ = {};
-        if (proven_) {
-          try {
-            sink_ = handler_->payload_sink(*this, cur_);
-          } catch (const std::exception& e) {
-            return fail(std::string("refused frame: ") + e.what());
-          }
-        }
-        // Without a sink of the owner's, the connection's own buffer grows as the bytes arrive:
-        // a header's word alone allocates nothing.
-        own_sink_ = sink_.size() != cur_.payload_len;
-        if (own_sink_) sink_ = {};
-        got_ = 0;
-        stage_ = stage::payload;
-        continue;
-      }
-      // stage::payload
-      std::size_t want = cur_.payload_len - got_;
-      std::size_t take = std::min(want, avail);
-      if (own_sink_) grow_own(got_ + take);
-      if (take) std::memcpy(sink_.data() + got_, rbuf_.data() + rbeg_, take);
-      rbeg_ += take;
-      got_ += take;
-      if (got_ < cur_.payload_len) {
-        restart_buffer();  // all of it was taken into the sink
-        // A small rest comes through the buffer, with the frames behind it: read alone, it cost
-        // a read per frame where one read takes several (a copy of a few KiB costs less).
-        if (cur_.payload_len - got_ <= small_rest_bytes) return read_more();
-        // The rest goes straight into the sink, no staging copy; the own buffer at most doubles
-        // per read, so it never holds much more than what arrived.
-        std::size_t chunk = cur_.payload_len - got_;
-        if (own_sink_) {
-          grow_own(
-              std::min<std::uint64_t>(cur_.payload_len, got_ + std::max(got_, read_buffer_size)));
-          chunk = sink_.size() - got_;
-        }
-        // Plain TCP reads here, a few payloads in a row at most (then through asio, whose
-        // posted completion lets the io thread write what it queued).
-        if (!tls_ && sink_reads_in_row_ < max_sink_reads_in_row) {
-          ++sink_reads_in_row_;
-          if (!read_into_sink(chunk)) return;  // waiting for bytes (or the link is lost)
-          if (got_ == cur_.payload_len) deliver();
-          continue;
-        }
-        io([&](auto& st) {
-          asio::async_read(
-              st, asio::buffer(sink_.data() + got_, chunk),
-              [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
-                if (ec) return self->lose_link("read: " + ec.message());
-                self->sink_reads_in_row_ = 0;
-                self->got_ += n;
-                if (self->got_ == self->cur_.payload_len) self->deliver();
-                self->parse();
-              });
-        });
-        return;
-      }
-      deliver();
-    }
-  }
-
-  // Plain TCP: `chunk` more bytes of the payload straight into its sink and, in the same
-  // recvmsg, what follows them into the read buffer, which parse() left empty: read alone, a
-  // big payload's rest cost a second read for the frames behind it. True once the chunk is in;
-  // false when the socket has no bytes now (a wait for them goes on, and parsing after it) or
-  // the link is lost.
-  bool read_into_sink(std::size_t chunk) {
-    for (;;) {
-      iovec iov[2] = {{sink_.data() + got_, chunk}, {rbuf_.data() + rend_, rbuf_.size() - rend_}};
-      const socket_io_result r = receive_some(sock_.native_handle(), iov);
-      if (r.would_block) {
-        sock_.async_wait(tcp::socket::wait_read,
-                         [self = shared_from_this(), chunk](boost::system::error_code ec) {
-                           if (self->closed_flag_) return;
-                           if (ec) return self->lose_link("read: " + ec.message());
-                           self->sink_reads_in_row_ = 0;
-                           if (!self->read_into_sink(chunk)) return;
-                           if (self->got_ == self->cur_.payload_len) self->deliver();
-                           self->parse();
-                         });
-        return false;
-      }
-      if (r.eof || r.error) {
-        lose_link(r.eof ? "closed by peer" : "read: " + errno_message(r.error));
-        return false;
-      }
-      last_rx_ = std::chrono::steady_clock::now();
-      const std::size_t to_sink = std::min(r.bytes, chunk);
-      got_ += to_sink;
-      chunk -= to_sink;
-      rend_ += r.bytes - to_sink;
-      if (!chunk) return true;
-    }
-  }
-
-  void deliver() {
-    stage_ = stage::header;
-    auto payload = std::span<const std::byte>(sink_.data(), cur_.payload_len);
-    if (!proven_ || closing_) {
-      if (!closing_) handshake(cur_, meta_);
-      meta_.clear();
-      return;
-    }
-    if (!sec_.acceptor && cur_.command == wire::cmd::response && cur_.req_id == 0 &&
-        cur_.status == static_cast<std::uint32_t>(errc::auth_failed))
-      return fail("the peer refused this node's token (KVSTORE_TOKEN differs)");
-    try {
-      handler_->on_frame(*this, cur_, std::move(meta_), payload);
-    } catch (const std::exception& e) {
-      fail(std::string("refused frame: ") + e.what());
-    }
-    meta_.clear();
-    if (own_.capacity() > (std::size_t{4} << 20)) std::vector<std::byte>().swap(own_);
-  }
-
-  // ---- pausing ------------------------------------------------------------------------------
-  void maybe_resume() {
-    if (!stalled_ || closed_flag_ || closing_ || must_stall()) return;
-    stalled_ = false;
-    parse();
-  }
-
-  // ---- writing ------------------------------------------------------------------------------
-  // Writes the queued frames: gathered (frame_writer::gather), then sent; plain TCP with the
-  // writer's own sendmsg calls (send_gathered), TLS through its stream's async_write. The next
-  // gather runs from a posted handler, as asio's completion would: the frames the io thread
-  // queues meanwhile (answers to the frames it is parsing) go out together, and acks merge, not
-  // a sendmsg each.
-  void write_more() {
-    if (!writer_.gather(tls_ != nullptr)) return;
-    if (tls_) {
-      // The writer's buffers stay untouched until this write completes.
-      asio::async_write(*tls_, writer_.tls_buffers(),
-                        [self = shared_from_this()](boost::system::error_code ec, std::size_t) {
-                          if (ec) return self->lose_link("write: " + ec.message());
-                          self->frames_written();
-                          self->write_more();
-                        });
-      return;
-    }
-    if (send_gathered()) written_then_more();  // else the socket is full: its wait goes on
-  }
-  void written_then_more() {
-    frames_written();
-    asio::post(sock_.get_executor(), [self = shared_from_this()] { self->write_more(); });
-  }
-
-  // Sends the gathered write: true once all of it went. When the socket takes no more, false,
-  // and a wait for room goes on with the rest (or the link is lost). asio::async_write hands
-  // each sendmsg at most 16 buffers and 64 KiB (its consuming_buffers and transfer_all): small
-  // frames, two or three buffers each, went five or six to a syscall, and the peer woke for
-  // each.
-  bool send_gathered() {
-    const frame_writer::send_result r = writer_.send(sock_.native_handle());
-    if (r.done) return true;
-    if (r.error) {
-      lose_link("write: " + errno_message(r.error));
-      return false;
-    }
-    sock_.async_wait(tcp::socket::wait_write,
-                     [self = shared_from_this()](boost::system::error_code ec) {
-                       if (self->closed_flag_) return;
-                       if (ec) return self->lose_link("write: " + ec.message());
-                       if (self->send_gathered()) self->written_then_more();
-                     });
-    return false;
-  }
-
-  // The gathered frames are on the wire: their bytes leave the queued count, reading may resume.
-  void frames_written() {
-    writer_.written();
-    maybe_resume();
-  }
-
-  void lose_link(const std::string& reason) {
-    if (!closed_flag_) link_lost_ = true;
-    fail(reason);
-  }
-  void fail(const std::string& reason) {
-    if (closed_flag_.exchange(true)) return;
-    writer_.close();
-    boost::system::error_code ec;
-    timer_.cancel();
-    sock_.shutdown(tcp::socket::shutdown_both, ec);
-    sock_.close(ec);
-    handler_->on_close(*this, reason);
+ protected:
+  // This connection's shared_ptr as its own type, for the handlers an implementation posts.
+  template <class Self>
+  std::shared_ptr<Self> self_as() {
+    return std::static_pointer_cast<Self>(shared_from_this());
   }
 };
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <kvstore/node.hpp>
+#include <kvstore/transport/connection.hpp>
 #include <kvstore/transport/endpoint.hpp>
 #include <kvstore/transport/frame_handler.hpp>
 #include <kvstore/transport/frame_writer.hpp>
@@ -37,7 +38,7 @@ using tcp = asio::ip::tcp;
 /// deadline. After that, a connection silent for longer than idle_timeout (0: never) is closed.
 using security = transport_security;
 
-class connection_state {
+class connection_state : public connection {
  public:
   /// Read buffer before the peer is proven (the handshake's frames fit) and after.
   static constexpr std::size_t handshake_buffer_size = 512;
@@ -46,44 +47,25 @@ class connection_state {
   /// straight into its sink.
   static constexpr std::size_t small_rest_bytes = std::size_t{8} << 10;
 
-  /// True once the peer proved the token (and, to a connector, the role it was dialed as).
-  bool authenticated() const noexcept { return proven_.load(); }
-  /// The role the peer proved (valid once authenticated()).
-  kvstore::role peer_proven_role() const noexcept { return hs_.peer_role(); }
-
-  /// Returns once no caller's thread is inside a direct write (send with may_write_now) on this
-  /// connection, ordered after the writes that finished. The peer may answer a frame before the
-  /// sendmsg that wrote it has returned (and sanitizers read the frame's buffers after the
-  /// syscall): a worker calls this before completing a request on its answer, so a caller that
-  /// frees a pushed buffer once its op is done never races the call still reading it. The wait
-  /// is at most the rest of one non-blocking sendmsg.
-  void sync_with_direct_writes() const noexcept { writer_.sync_with_direct_writes(); }
-
-  /// Stops handing frames to the owner after the current one (call from the io thread, e.g.
-  /// inside on_frame); bytes that arrive meanwhile wait in the socket. resume_reading() (from
-  /// any thread) goes on where it stopped.
-  void pause_reading() { paused_by_owner_ = true; }
-
-  /// What identifies this authenticated connection on both ends (the handshake's nonces): a
-  /// proof bound to it cannot be replayed on another connection. Empty before the handshake.
-  const std::string& binding() const noexcept { return hs_.binding(); }
-
-  /// Bytes of frames queued and not yet taken by the socket.
-  std::size_t queued_bytes() const noexcept { return writer_.queued_bytes(); }
-
-  bool is_closed() const noexcept { return closed_flag_.load(); }
-  /// Closed by the link, not by a refusal: the peer closed it or a read or write failed, or a
-  /// deadline of ours passed (the handshake's, the idle one). A new connection may succeed
-  /// where this one did not; a refused token, proof or frame would be refused again.
-  bool link_lost() const noexcept { return link_lost_; }
-  const std::string& remote() const noexcept { return remote_; }
+  // The connection interface's accessors (transport/connection.hpp says what each means).
+  bool authenticated() const noexcept override { return proven_.load(); }
+  kvstore::role peer_proven_role() const noexcept override { return hs_.peer_role(); }
+  // The peer may answer a frame before the sendmsg that wrote it has returned (and sanitizers
+  // read the frame's buffers after the syscall): a worker calls this before completing a
+  // request on its answer, so a caller that frees a pushed buffer once its op is done never
+  // races the call still reading it. The wait is at most the rest of one non-blocking sendmsg.
+  void sync_with_direct_writes() const noexcept override { writer_.sync_with_direct_writes(); }
+  // Bytes that arrive meanwhile wait in the socket.
+  void pause_reading() override { paused_by_owner_ = true; }
+  // The handshake's nonces.
+  const std::string& binding() const noexcept override { return hs_.binding(); }
+  std::size_t queued_bytes() const noexcept override { return writer_.queued_bytes(); }
+  bool is_closed() const noexcept override { return closed_flag_.load(); }
+  // Lost: the peer closed it, a read or write failed, or a deadline of ours passed (the
+  // handshake's, the idle one); a refused token, proof or frame would be refused again.
+  bool link_lost() const noexcept override { return link_lost_; }
+  const std::string& remote() const noexcept override { return remote_; }
   tcp::socket::executor_type executor() { return sock_.get_executor(); }
-
-  /// Owner's tag for the peer (role, rank, node id), set after its hello.
-  int peer_id = -1;
-  int peer_rank = -1;
-  int peer_role = -1;
-  bool said_bye = false;
 
  protected:
   connection_state(tcp::socket sock, frame_handler& handler, wire::limits lim, security sec,

@@ -1,4 +1,4 @@
-// The send side of one connection (transport/connection.hpp): the queue of unsent frames
+// The send side of one connection (transport/tcp_connection.hpp): the queue of unsent frames
 // (send_queue.hpp), a caller's direct write of a frame when nothing else is queued, and the
 // gathered write in progress: the frames it took and their buffers, one iovec each piece, sent
 // by non-blocking sendmsg calls of up to IOV_MAX buffers (socket_io.hpp). It owns no socket and

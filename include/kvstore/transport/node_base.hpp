@@ -13,8 +13,10 @@
 #include <kvstore/detail/log.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/transport/connection.hpp>
+#include <kvstore/transport/inproc.hpp>
 #include <kvstore/transport/security.hpp>
 #include <kvstore/transport/tcp_congestion.hpp>
+#include <kvstore/transport/tcp_connection.hpp>
 #include <kvstore/wire/frame.hpp>
 
 #include <sys/resource.h>
@@ -50,7 +52,9 @@ class node_base : public frame_handler {
     std::size_t gather_bytes = std::size_t{1} << 20;
   };
 
-  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  std::uint16_t port() const {
+    return inproc_port_ ? inproc_port_ : acceptor_.local_endpoint().port();
+  }
 
   /// The caps in force: the configured ones, lowered to fit the descriptor limit.
   std::size_t max_connections() const noexcept { return rules_.max_connections; }
@@ -70,6 +74,10 @@ class node_base : public frame_handler {
         rules_(std::move(rules)),
         accept_retry_(io_) {
     fit_to_descriptors(rules_, who_);
+    if (is_inproc(host)) {
+      listen_inproc(port);
+      return;
+    }
     check_congestion(rules_.security.tcp_congestion);  // a name the kernel refuses fails here
     try {
       tcp::endpoint ep(asio::ip::make_address(host), port);
@@ -81,6 +89,12 @@ class node_base : public frame_handler {
       throw error(errc::unreachable, what + ": " + e.what());
     }
     tls_context(rules_.security);
+  }
+
+  // Once it returns, no new in-process end reaches this node (its executor's handlers die with
+  // it).
+  ~node_base() override {
+    if (inproc_port_) inproc_network::get().unlisten(inproc_port_, this);
   }
 
   /// Proven connections this node holds now (counted against max_connections).
@@ -126,7 +140,27 @@ class node_base : public frame_handler {
     r.max_connections = proven;
   }
 
+  // Listens on this process's in-process network (host "inproc"): a dialed end is adopted on
+  // the io thread, as an accepted socket would be.
+  void listen_inproc(std::uint16_t port) {
+    inproc_connection::end me{io_.get_executor(), this, rules_.security, rules_.limits};
+    inproc_port_ = inproc_network::get().listen(
+        port,
+        {me, [this](std::shared_ptr<connection> c) { asio::post(io_, [this, c] { adopt(c); }); },
+         this});
+  }
+
+  // An in-process end: proven once started, so on_authenticated() checks max_connections.
+  void adopt(conn_ptr c) {
+    unproven_.push_back(c);
+    if (done_)
+      c->close("shutting down");
+    else
+      c->start();
+  }
+
   void accept() {
+    if (inproc_port_) return;  // the in-process network hands ends to adopt()
     acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket s) {
       if (done_ || !acceptor_.is_open()) return;
       if (ec) return accept_failed(ec);
@@ -154,8 +188,8 @@ class node_base : public frame_handler {
                                      "oldest (max_pending_connections)");
         }
       }
-      auto c = std::make_shared<connection>(std::move(s), *this, rules_.limits, rules_.security,
-                                            rules_.gather_bytes);
+      auto c = std::make_shared<tcp_connection>(std::move(s), *this, rules_.limits, rules_.security,
+                                                rules_.gather_bytes);
       unproven_.push_back(c);
       c->start();
       accept();
@@ -232,6 +266,7 @@ class node_base : public frame_handler {
   bool finish_once() {
     if (done_) return false;
     done_ = true;
+    if (inproc_port_) inproc_network::get().unlisten(inproc_port_, this);
     boost::system::error_code ec;
     acceptor_.close(ec);
     timer_.cancel();
@@ -258,6 +293,7 @@ class node_base : public frame_handler {
   std::chrono::steady_clock::time_point last_eviction_log_{};
   bool accept_trouble_ = false;
   std::atomic<std::uint64_t> accept_errors_{0};
+  std::uint16_t inproc_port_ = 0;  // listening on the in-process network, not on TCP
 };
 
 }  // namespace kvstore::transport

@@ -10,7 +10,7 @@
 
 namespace kvstore {
 
-/// How one connection authenticates and times out (see transport/connection.hpp).
+/// How one connection authenticates and times out (see transport/tcp_connection.hpp).
 struct transport_security {
   std::string token;
   bool acceptor = false;
