@@ -89,8 +89,9 @@ struct key_options {
 /// fail with an error naming it.
 enum class worker_death { leave_group, fail };
 
-/// Options of KVStore<dist> and of the server and scheduler loops.
-struct dist_options {
+/// Part of dist_options: who this process is in which job: its role, the job's sizes and layout,
+/// its rounds, its threads.
+struct job_options {
   kvstore::role role = kvstore::role::worker;
   /// Where the scheduler listens (host and port).
   std::string scheduler_host = "127.0.0.1";
@@ -100,15 +101,45 @@ struct dist_options {
   /// true: dist_sync (a round's pushes of all workers are summed, then applied once);
   /// false: dist_async (each push applied on arrival).
   bool sync = true;
-  /// Shared secret every node proves before it is heard. Empty: listen on loopback only.
-  std::string token;
   /// Preferred rank among the node's role (kv_launch sets it); -1: assigned in arrival order.
   int rank_hint = -1;
+  /// See worker_death. KVSTORE_ON_WORKER_DEATH=leave|fail.
+  worker_death on_worker_death = worker_death::leave_group;
+  /// Colocated servers (BigDL's layout): every worker process also serves one shard on its own
+  /// threads, its server rank equal to its worker rank, so the job has as many servers as workers
+  /// and no server processes. A worker process that dies takes its shard with it.
+  /// KVSTORE_COLOCATED=1; kv_launch --colocated; under a launcher (mpirun, srun, torchrun) every
+  /// process is then a worker and rank 0 also runs the scheduler. See resolve_colocated().
+  bool colocated = false;
+  /// With colocated: this worker process also runs the job's scheduler on its own thread, at
+  /// scheduler_host:scheduler_port (set for rank 0 of a colocated launch under a launcher).
+  bool colocated_scheduler = false;
+  /// dist_async only: a worker's pull of a key waits until every worker still in the group
+  /// (not left, not dead) has pushed that key at least (this worker's own pushes of it) -
+  /// staleness times; 0: every read sees all workers' pushes up to its own count. nullopt:
+  /// unbounded (the default, plain async). In dist_sync every push already waits for its round,
+  /// so no worker is ever ahead and staleness changes nothing. Servers apply it, so the job's
+  /// servers and workers must agree (as on KVSTORE_TYPE). KVSTORE_STALENESS=N|unbounded.
+  std::optional<std::uint64_t> staleness;
+  /// Engine threads of a worker; 0 = the number of cores.
+  unsigned threads = 0;
+  /// Threads a server applies an element-wise optimizer (sgd, adam, adagrad, add) to a value of
+  /// 512 Ki elements or more with, its io thread included; 0 = the number of cores, 1 = the io
+  /// thread alone. A batched push of 2,048 keys or more (a multi-key push of small keys, seen
+  /// before) is also served on them, in runs of consecutive keys: with 2 or more, or with 0 on a
+  /// machine of 4 cores or more. KVSTORE_SERVER_THREADS.
+  unsigned server_threads = 0;
+  /// Barrier with all workers when the store is destroyed.
+  bool barrier_before_exit = true;
+};
+
+/// Part of dist_options: how nodes reach and watch each other: addresses, deadlines, heartbeats,
+/// waiting.
+struct connection_options {
   /// Address a server listens on; empty: 127.0.0.1 without a token, 0.0.0.0 with one.
   std::string bind_host;
   /// Address others use to reach this server; empty: the bind host, or 127.0.0.1 for 0.0.0.0.
   std::string advertise_host;
-
   /// Deadline to reach the scheduler and for the whole job to gather.
   std::chrono::milliseconds connect_timeout{30'000};
   /// Deadline of one request to a server (push ack, pull answer, init). In dist_sync a push is
@@ -125,16 +156,38 @@ struct dist_options {
   /// sleep, which costs tens of microseconds on a virtual machine; 0 sleeps at once. The cost is
   /// CPU: a waiting thread stays runnable for up to this long per wait.
   std::chrono::microseconds wait_spin{200};
-
   /// A peer must prove the token within this long after connecting, or it is dropped.
   std::chrono::milliseconds handshake_timeout{5'000};
   /// A server or the scheduler drops a connection silent for this long (0: never). Workers and
   /// servers send heartbeats every heartbeat_interval, so only a stuck or rogue peer hits it.
   std::chrono::milliseconds idle_timeout{60'000};
+  /// The TCP congestion control of every connection this node opens or accepts. "auto" (the
+  /// default): connections over loopback (127.0.0.0/8, ::1) run cubic, others the host's default.
+  /// On loopback there is no link to share, and a host default of BBR without the fq qdisc makes
+  /// the kernel pace each socket with a timer, which halved streamed 64 KiB pushes and pulls
+  /// (the README's numbers). "system": the host's default everywhere. Any other value: that
+  /// congestion control on every connection (e.g. "cubic", "dctcp"); one this process may not
+  /// use (net.ipv4.tcp_allowed_congestion_control) is kvstore::error(invalid_argument) at start.
+  /// KVSTORE_TCP_CONGESTION.
+  std::string tcp_congestion = "auto";
+};
+
+/// Part of dist_options: how a node proves itself: the token, TLS, the address its proof covers.
+struct security_options {
+  /// Shared secret every node proves before it is heard. Empty: listen on loopback only.
+  std::string token;
   /// TLS for every connection when tls_cert is set: this node's certificate chain and key (PEM)
   /// and the CA that signs every node's certificate; peers are verified on both sides.
   /// KVSTORE_TLS_CERT, KVSTORE_TLS_KEY, KVSTORE_TLS_CA.
   std::string tls_cert, tls_key, tls_ca;
+  /// The authentication proof covers the connecting side's address and port as both ends see
+  /// them, so a proof relayed through another connection is refused. Turn off only behind NAT
+  /// that rewrites source addresses (and use TLS there). KVSTORE_AUTH_BIND_ADDRESS=0|1.
+  bool auth_bind_address = true;
+};
+
+/// Part of dist_options: what a server or the scheduler accepts at most from its peers.
+struct limit_options {
   /// Most authenticated connections a server or the scheduler holds at once; more are closed on
   /// accept. Never above what the process's descriptor limit allows: at start a node raises its
   /// soft RLIMIT_NOFILE to the hard limit and caps this below it. KVSTORE_MAX_CONNECTIONS.
@@ -143,37 +196,31 @@ struct dist_options {
   /// buffer, handshake_timeout): a flood of them evicts the oldest of its own kind and never
   /// keeps an authenticated peer out. KVSTORE_MAX_PENDING_CONNECTIONS.
   std::size_t max_pending_connections = 64;
-  /// The authentication proof covers the connecting side's address and port as both ends see
-  /// them, so a proof relayed through another connection is refused. Turn off only behind NAT
-  /// that rewrites source addresses (and use TLS there). KVSTORE_AUTH_BIND_ADDRESS=0|1.
-  bool auth_bind_address = true;
+  /// A frame whose header announces more than this is refused and its connection closed. Its
+  /// buffer grows as the bytes arrive, never on the header's word. KVSTORE_MAX_FRAME_BYTES.
+  std::size_t max_frame_bytes = std::size_t{64} << 20;
+  /// The most bytes of one key a server holds (its slice); an init asking for more is refused,
+  /// so one request cannot make a server allocate without bound. KVSTORE_MAX_KEY_BYTES.
+  std::uint64_t max_key_bytes = std::uint64_t{8} << 30;
+  /// The most bytes of all keys a server holds together (each key also counts what its record
+  /// costs the server: 624 bytes with GCC on x86-64); an init past it is refused. 0: half of
+  /// the machine's physical memory.
+  /// KVSTORE_MAX_TOTAL_BYTES.
+  std::uint64_t max_total_bytes = 0;
+  /// The most keys a server holds; an init of one more is refused. KVSTORE_MAX_KEYS.
+  std::uint64_t max_keys = std::uint64_t{1} << 24;
+  /// Answers queued for one peer and not yet taken by its socket, in bytes: above this a server
+  /// or the scheduler stops reading that peer's requests until it reads its answers
+  /// (back-pressure), so a peer that never reads cannot grow a server. KVSTORE_MAX_QUEUED_BYTES.
+  std::size_t max_queued_bytes = std::size_t{64} << 20;
+  /// The most pulls of one worker a server holds at once, waiting for a version
+  /// (pull_options::min_version) or for slower workers (staleness); more are refused with an
+  /// error. Their row lists (pull_rows) count against max_queued_bytes. KVSTORE_MAX_HELD_PULLS.
+  std::size_t max_held_pulls = 4096;
+};
 
-  /// See worker_death. KVSTORE_ON_WORKER_DEATH=leave|fail.
-  worker_death on_worker_death = worker_death::leave_group;
-
-  /// Where a server keeps its snapshot (server-<rank>.snap); empty: no snapshots. A server
-  /// started with a rank (KVSTORE_RANK) whose snapshot exists restores it before serving.
-  std::string checkpoint_dir;
-  /// A server snapshots its shard this often when it changed (0: not on a timer) ...
-  std::chrono::milliseconds checkpoint_interval{0};
-  /// ... and after this many completed rounds or async pushes (0: not by count); also after
-  /// every init and set_optimizer, and when a worker calls checkpoint().
-  std::uint64_t checkpoint_rounds = 0;
-  /// How long a worker waits for a lost server to come back (restarted with the same rank,
-  /// restoring its snapshot) before failing the requests to it; meanwhile they are held and
-  /// re-sent once it is back. 0: fail them at once.
-  std::chrono::milliseconds server_restart_wait{0};
-
-  /// Colocated servers (BigDL's layout): every worker process also serves one shard on its own
-  /// threads, its server rank equal to its worker rank, so the job has as many servers as workers
-  /// and no server processes. A worker process that dies takes its shard with it.
-  /// KVSTORE_COLOCATED=1; kv_launch --colocated; under a launcher (mpirun, srun, torchrun) every
-  /// process is then a worker and rank 0 also runs the scheduler. See resolve_colocated().
-  bool colocated = false;
-  /// With colocated: this worker process also runs the job's scheduler on its own thread, at
-  /// scheduler_host:scheduler_port (set for rank 0 of a colocated launch under a launcher).
-  bool colocated_scheduler = false;
-
+/// Part of dist_options: how a worker cuts, fuses and streams its requests.
+struct pipeline_options {
   /// Values above this many bytes are sliced evenly over all servers.
   std::size_t slice_bytes = std::size_t{1} << 20;
   /// Payloads are sent in frames of at most this many bytes, so a later high-priority message
@@ -201,44 +248,33 @@ struct dist_options {
   /// reorder them), nor pulls servers may hold for staleness (a push fusion holds back keeps its
   /// key until answered; one behind its key's op on the wire streams). KVSTORE_PIPELINE_DEPTH.
   std::uint32_t pipeline_depth = 16;
-  /// The TCP congestion control of every connection this node opens or accepts. "auto" (the
-  /// default): connections over loopback (127.0.0.0/8, ::1) run cubic, others the host's default.
-  /// On loopback there is no link to share, and a host default of BBR without the fq qdisc makes
-  /// the kernel pace each socket with a timer, which halved streamed 64 KiB pushes and pulls
-  /// (the README's numbers). "system": the host's default everywhere. Any other value: that
-  /// congestion control on every connection (e.g. "cubic", "dctcp"); one this process may not
-  /// use (net.ipv4.tcp_allowed_congestion_control) is kvstore::error(invalid_argument) at start.
-  /// KVSTORE_TCP_CONGESTION.
-  std::string tcp_congestion = "auto";
-  /// A frame whose header announces more than this is refused and its connection closed. Its
-  /// buffer grows as the bytes arrive, never on the header's word. KVSTORE_MAX_FRAME_BYTES.
-  std::size_t max_frame_bytes = std::size_t{64} << 20;
-  /// The most bytes of one key a server holds (its slice); an init asking for more is refused,
-  /// so one request cannot make a server allocate without bound. KVSTORE_MAX_KEY_BYTES.
-  std::uint64_t max_key_bytes = std::uint64_t{8} << 30;
-  /// The most bytes of all keys a server holds together (each key also counts what its record
-  /// costs the server: 624 bytes with GCC on x86-64); an init past it is refused. 0: half of
-  /// the machine's physical memory.
-  /// KVSTORE_MAX_TOTAL_BYTES.
-  std::uint64_t max_total_bytes = 0;
-  /// The most keys a server holds; an init of one more is refused. KVSTORE_MAX_KEYS.
-  std::uint64_t max_keys = std::uint64_t{1} << 24;
-  /// Answers queued for one peer and not yet taken by its socket, in bytes: above this a server
-  /// or the scheduler stops reading that peer's requests until it reads its answers
-  /// (back-pressure), so a peer that never reads cannot grow a server. KVSTORE_MAX_QUEUED_BYTES.
-  std::size_t max_queued_bytes = std::size_t{64} << 20;
-  // Versions and bounded staleness.
-  /// dist_async only: a worker's pull of a key waits until every worker still in the group
-  /// (not left, not dead) has pushed that key at least (this worker's own pushes of it) -
-  /// staleness times; 0: every read sees all workers' pushes up to its own count. nullopt:
-  /// unbounded (the default, plain async). In dist_sync every push already waits for its round,
-  /// so no worker is ever ahead and staleness changes nothing. Servers apply it, so the job's
-  /// servers and workers must agree (as on KVSTORE_TYPE). KVSTORE_STALENESS=N|unbounded.
-  std::optional<std::uint64_t> staleness;
-  /// The most pulls of one worker a server holds at once, waiting for a version
-  /// (pull_options::min_version) or for slower workers (staleness); more are refused with an
-  /// error. Their row lists (pull_rows) count against max_queued_bytes. KVSTORE_MAX_HELD_PULLS.
-  std::size_t max_held_pulls = 4096;
+};
+
+/// Part of dist_options: snapshots, and how long a worker waits for a restarted server.
+struct recovery_options {
+  /// Where a server keeps its snapshot (server-<rank>.snap); empty: no snapshots. A server
+  /// started with a rank (KVSTORE_RANK) whose snapshot exists restores it before serving.
+  std::string checkpoint_dir;
+  /// A server snapshots its shard this often when it changed (0: not on a timer) ...
+  std::chrono::milliseconds checkpoint_interval{0};
+  /// ... and after this many completed rounds or async pushes (0: not by count); also after
+  /// every init and set_optimizer, and when a worker calls checkpoint().
+  std::uint64_t checkpoint_rounds = 0;
+  /// How long a worker waits for a lost server to come back (restarted with the same rank,
+  /// restoring its snapshot) before failing the requests to it; meanwhile they are held and
+  /// re-sent once it is back. 0: fail them at once.
+  std::chrono::milliseconds server_restart_wait{0};
+};
+
+/// Options of KVStore<dist> and of the server and scheduler loops: the parts above, one per
+/// concern, in one struct. Every field is named directly (opts.max_keys, opts.token); code that
+/// needs one concern takes its part (a dist_options binds to a const limit_options&).
+struct dist_options : job_options,
+                      connection_options,
+                      security_options,
+                      limit_options,
+                      pipeline_options,
+                      recovery_options {
   /// Throws kvstore::error naming the option whose value cannot be right (a staleness above
   /// 2^63: a negative number converted to unsigned; more than 1024 server_threads).
   void check_versions() const {
@@ -253,18 +289,6 @@ struct dist_options {
                   "dist_options::server_threads = " + std::to_string(server_threads) +
                       ": more than 1024 threads per server");
   }
-
-  /// Engine threads of a worker; 0 = the number of cores.
-  unsigned threads = 0;
-  /// Threads a server applies an element-wise optimizer (sgd, adam, adagrad, add) to a value of
-  /// 512 Ki elements or more with, its io thread included; 0 = the number of cores, 1 = the io
-  /// thread alone. A batched push of 2,048 keys or more (a multi-key push of small keys, seen
-  /// before) is also served on them, in runs of consecutive keys: with 2 or more, or with 0 on a
-  /// machine of 4 cores or more. KVSTORE_SERVER_THREADS.
-  unsigned server_threads = 0;
-  /// Barrier with all workers when the store is destroyed.
-  bool barrier_before_exit = true;
-
   /// The transport security of a connection this node accepts (acceptor) or opens to a node of
   /// role `peer` (which the peer must prove).
   transport_security security(bool acceptor,
