@@ -1,6 +1,6 @@
 // A mutex that tries a little while before it sleeps, for a lock that two threads handing work to
 // each other hold for a few hundred nanoseconds at a time: a worker's caller queuing frames and
-// its io thread writing them and taking the answers (transport/tcp_connection.hpp, client/client.hpp).
+// its io thread writing them and taking the answers (transport/tcp_connection.hpp, client/).
 // A std::mutex found taken sleeps in the kernel at once, and its owner's unlock must wake it: two
 // system calls and a context switch, more than the lock is ever held (and more still in a virtual
 // machine). glibc's adaptive mutexes do the same; std::mutex cannot ask for one.

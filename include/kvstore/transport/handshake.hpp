@@ -1,5 +1,5 @@
 // The token handshake's rules, apart from the socket: what each end sends, what it accepts, and
-// when the peer counts as proven. transport/tcp_connection.hpp does the reading and writing and acts
+// when the peer counts as proven. transport/tcp_connection.hpp reads and writes and acts
 // on each step; transport/auth.hpp holds the frames' encoding and the proofs.
 //
 // The acceptor challenges (its nonce and role); the connector answers (its nonce, role and a
