@@ -3,6 +3,8 @@
 // No kvstore worker or Asio here: every group file includes it.
 #pragma once
 
+#include "../bench_support.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -12,11 +14,8 @@
 
 namespace kv_bench {
 
-using clk = std::chrono::steady_clock;
-
-inline double secs(clk::time_point a, clk::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
+using bench::clk;  // the clock and seconds every benchmark times with (bench_support.hpp)
+using bench::secs;
 
 // ---- configuration -----------------------------------------------------------------------
 
