@@ -161,37 +161,16 @@ class worker_client final : public worker_join {
         s.port = b.port;
       }
       if (!s.waiting) continue;  // address changed while up: the old connection's loss follows
-      if (transport::is_inproc(b.host)) {
-        try {  // one try, at once: nothing to wait for in this process
-          reattach(i, transport::dial(io_, b.host, b.port, std::chrono::milliseconds(0),
-                                      node_name(s.id), *this, data_limits(),
-                                      worker_security(role::server), opts_.chunk_bytes));
-        } catch (const error& e) {
-          detail::log_warn(who_, "cannot reconnect to " + node_name(s.id) + ": " + e.what());
-        }
-        continue;
-      }
-      auto sock = std::make_shared<transport::tcp::socket>(io_);
-      transport::tcp::endpoint ep;
-      boost::system::error_code ec;
-      auto addr = transport::asio::ip::make_address(b.host, ec);
-      if (ec) {
-        detail::log_warn(who_,
-                         "cannot reconnect to " + node_name(s.id) + ": bad address " + b.host);
-        continue;
-      }
-      ep = transport::tcp::endpoint(addr, b.port);
-      sock->async_connect(ep, [this, i, sock](boost::system::error_code e) {
-        if (e || stopping_) {
-          if (e)
-            detail::log_warn(
-                who_, "reconnecting to " + node_name(servers_[i].id) + " failed: " + e.message());
-          return;
-        }
-        reattach(i, std::make_shared<transport::tcp_connection>(
-                        std::move(*sock), *this, data_limits(), worker_security(role::server),
-                        opts_.chunk_bytes));
-      });
+      transport::dial_once(
+          io_, b.host, b.port, node_name(s.id), *this, data_limits(), worker_security(role::server),
+          opts_.chunk_bytes,
+          [this, i](std::shared_ptr<transport::connection> c, const std::string& why) {
+            if (stopping_) return;
+            if (!c)
+              return detail::log_warn(
+                  who_, "reconnecting to " + node_name(servers_[i].id) + " failed: " + why);
+            reattach(i, std::move(c));
+          });
     }
   }
 
