@@ -1,7 +1,7 @@
 // What a connection holds (socket, TLS stream, writer, read buffer, handshake, flags) and the
 // steps that start no asynchronous wait and call no handler: its accessors, the read buffer's
 // housekeeping, back-pressure. Every step that waits captures the connection's shared_ptr, so it
-// stays in transport/connection.hpp, whose connection derives from this.
+// stays in transport/tcp_handshake.hpp or tcp_connection.hpp, which derive from this.
 #pragma once
 
 #include <kvstore/node.hpp>
