@@ -248,6 +248,41 @@ TEST_CASE("dist_async: each push is applied on arrival" * doctest::timeout(30)) 
   });
 }
 
+TEST_CASE("a learning-rate schedule runs on the servers at each key's update count" *
+          doctest::timeout(60)) {
+  kvtest::cluster c(kvtest::test_options(2, 2));
+  c.run_workers([](KVStore<dist>& kv) {
+    // Key 1 is sliced over both servers (each slice counts its updates), key 2 lives on one.
+    const std::size_t big = 300'000;
+    kv.init(1, filled(big, 0.0f));
+    kv.init(2, filled(4, 0.0f));
+    // w -= lr_t * (sum of both workers' gradients = -1): w += lr_t, with MXNet's
+    // MultiFactorScheduler(step=[2, 3], factor=0.5) on base 1: 1, 1, 0.5, 0.25, 0.25.
+    kv.set_optimizer(kvstore::optim::sgd{
+        .learning_rate = 1.0,
+        .schedule = kvstore::optim::multifactor_schedule{.steps = {2, 3}, .factor = 0.5}});
+    const std::vector<float> g1(big, -0.5f), g2(4, -0.5f);
+    std::vector<float> o1(big), o2(4);
+    for (int round = 0; round < 5; ++round) kv.push(1, g1);
+    for (int round = 0; round < 2; ++round) kv.push(2, g2);
+    kv.pull(1, o1).wait();
+    kv.pull(2, o2).wait();
+    CHECK(o1 == filled(big, 3.0f));  // 1 + 1 + 0.5 + 0.25 + 0.25
+    CHECK(o2 == filled(4, 2.0f));    // its own count: 1 + 1
+    kv.barrier();
+    // A bad schedule is refused at set_optimizer with its reason; the old optimizer stays.
+    expect_error(
+        [&] {
+          kv.set_optimizer(
+              kvstore::optim::adam{.schedule = kvstore::optim::factor_schedule{.step = 0}});
+        },
+        errc::invalid_argument, {"adam: factor_schedule: step must be >= 1"});
+    kv.push(2, g2);
+    kv.pull(2, o2).wait();
+    CHECK(o2 == filled(4, 2.5f));  // t = 3: 0.5
+  });
+}
+
 TEST_CASE("dist_async: a push sent in several frames is one optimizer step" *
           doctest::timeout(30)) {
   // 3000 floats in frames of 4 KiB: three frames per push, applied one by one on arrival. Adam's

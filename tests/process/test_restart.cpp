@@ -207,6 +207,49 @@ TEST_CASE(
   st.join();
 }
 
+TEST_CASE(
+    "a server restarted from its snapshot resumes the learning-rate schedule at the same step" *
+    doctest::timeout(120)) {
+  kvtest::temp_dir dir{"kvstore-restart-schedule"};
+  auto o = restart_options(/*sync=*/true);
+  kvstore::scheduler sched(o);
+  o.scheduler_port = sched.port();
+  std::thread st([&] { sched.run(); });
+
+  kvtest::child server = spawn_server(o.scheduler_port, dir.path(), 0);
+  std::atomic<int> round{0};
+  std::atomic<bool> restarted{false};
+  std::thread killer([&] {
+    while (round < 60) std::this_thread::sleep_for(1ms);
+    kill_and_restart(server, o.scheduler_port, dir.path());  // in the schedule's second stage
+    restarted = true;
+  });
+  kvtest::join_on_exit<int> join_killer{killer, round, 1 << 20};
+  {
+    auto w = o;
+    w.rank_hint = 0;
+    kvstore::KVStore<kvstore::dist> kv(w);
+    std::vector<float> v(1000, 0.f), g(1000, -1.f), out(1000);
+    kv.init("w", v);
+    // w += lr_t: MXNet's FactorScheduler(step=40, factor=0.5) on base 1 gives 40 updates at 1,
+    // 40 at 0.5, 40 at 0.25. A step count restarting from 0 would give more.
+    kv.set_optimizer(kvstore::optim::sgd{
+        .learning_rate = 1.0,
+        .schedule = kvstore::optim::factor_schedule{.step = 40, .factor = 0.5}});
+    for (int r = 0; r < 120; ++r) {
+      kv.push("w", g).wait();
+      round = r + 1;
+    }
+    kv.pull("w", out).wait();
+    CHECK(restarted.load());
+    for (float x : out) REQUIRE(x == 40.f + 20.f + 10.f);
+  }
+  if (killer.joinable()) killer.join();
+  CHECK(server.wait_exit(15'000ms) == 0);
+  sched.stop();
+  st.join();
+}
+
 TEST_CASE("a corrupt or truncated snapshot is refused with a clear error" * doctest::timeout(60)) {
   kvtest::temp_dir dir{"kvstore-restart"};
   kvstore::detail::shard_snapshot snap;

@@ -82,11 +82,11 @@ bool prepare_update(device_entry<T>& e, const device_optimizer<T>* opt, rt::stre
   ++e.step;
   u = opt->base;
   // The step of this key's update: its multipliers (set_key_options) scale learning rate and
-  // weight decay, adam's bias correction follows its step count.
+  // weight decay; schedules and adam's bias correction follow its step count.
   using U = reduce::device_update<T>;
   const auto [lr, wd] = e.mult;
-  if (u.kind == U::sgd) u.sgd_st = opt->sgd.template step<T>(lr, wd);
-  if (u.kind == U::adagrad) u.adagrad_st = opt->adagrad.template step<T>(lr, wd);
+  if (u.kind == U::sgd) u.sgd_st = opt->sgd.template step<T>(lr, wd, e.step);
+  if (u.kind == U::adagrad) u.adagrad_st = opt->adagrad.template step<T>(lr, wd, e.step);
   if (u.kind == U::adam) u.adam_st = opt->adam.template step_at<T>(e.step, lr, wd);
   const int used = u.slots();
   if (used > 0) s0 = e.slots[0].data();

@@ -4,6 +4,7 @@
 #include <kvstore/optim/elementwise.hpp>
 #include <kvstore/optim/grad.hpp>
 #include <kvstore/optim/optimizer.hpp>
+#include <kvstore/optim/schedule.hpp>
 #include <kvstore/optim/simd.hpp>
 
 #include <cmath>
@@ -18,7 +19,8 @@ namespace kvstore::optim {
 /// Adam: g = clip(rescale_grad * grad) + weight_decay * w; at step t (1 for the first update)
 /// `lr_t = learning_rate * sqrt(1 - beta2^t) / (1 - beta1^t)`, `m = beta1 m + (1 - beta1) g`,
 /// `v = beta2 v + (1 - beta2) g^2`, `w -= lr_t * m / (sqrt(v) + epsilon)`.
-/// clip_gradient <= 0 means no clipping. Two slots: m and v.
+/// clip_gradient <= 0 means no clipping. Two slots: m and v. With a `schedule`, learning_rate is
+/// its base rate and update t's lr_t starts from the schedule's rate at t (optim/schedule.hpp).
 struct adam {
   double learning_rate = 1e-3;
   double beta1 = 0.9;
@@ -27,6 +29,7 @@ struct adam {
   double weight_decay = 0;
   double rescale_grad = 1;
   double clip_gradient = -1;
+  lr_schedule schedule{};
 
   static constexpr std::string_view name = "adam";
   static constexpr int num_slots = 2;
@@ -41,8 +44,8 @@ struct adam {
     // do not lose it to float rounding.
     const double t = static_cast<double>(step == 0 ? 1 : step);
     return {kvstore::detail::grad_prep<T>(rescale_grad, clip_gradient),
-            static_cast<T>(learning_rate * lr_mult * std::sqrt(1 - std::pow(beta2, t)) /
-                           (1 - std::pow(beta1, t))),
+            static_cast<T>(schedule.rate(learning_rate, step) * lr_mult *
+                           std::sqrt(1 - std::pow(beta2, t)) / (1 - std::pow(beta1, t))),
             static_cast<T>(beta1),
             static_cast<T>(beta2),
             static_cast<T>(1 - beta1),
@@ -67,7 +70,7 @@ struct adam {
 
   template <class Ar>
   void serialize(Ar& ar, unsigned /*version*/) {
-    ar& learning_rate& beta1& beta2& epsilon& weight_decay& rescale_grad& clip_gradient;
+    ar& learning_rate& beta1& beta2& epsilon& weight_decay& rescale_grad& clip_gradient& schedule;
   }
 };
 

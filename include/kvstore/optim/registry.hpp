@@ -28,9 +28,25 @@
 
 namespace kvstore::optim {
 
+/// Refuses parameters no update could use: today a bad learning-rate schedule (kvstore::error
+/// with errc::invalid_argument naming the field). Every optimizer passes here on its way to a
+/// store (serialize_params) and again where it is rebuilt (deserialize_params).
+template <registered_optimizer O>
+void check_params(const O& o) {
+  if constexpr (requires { o.schedule.check(); }) {
+    try {
+      o.schedule.check();
+    } catch (const error& e) {
+      throw error(errc::invalid_argument, std::string(O::name) + ": " + e.what());
+    }
+  }
+}
+
 /// The parameters of `o` as a text archive (no archive header), what travels with the name.
+/// Throws what check_params throws.
 template <registered_optimizer O>
 std::string serialize_params(const O& o) {
+  check_params(o);
   std::ostringstream os;
   // The classic locale on both ends: a worker whose global locale writes "0,5" must still be
   // understood by a server that reads "0.5".
@@ -73,6 +89,7 @@ O deserialize_params(std::string_view name, std::string_view params) {
     is.imbue(std::locale::classic());
     boost::archive::text_iarchive ia(is, boost::archive::no_header);
     ia >> o;
+    optim::check_params(o);
   } catch (const std::exception& e) {
     throw kvstore::error(errc::invalid_argument,
                          "bad parameters for optimizer \"" + std::string(name) + "\": " + e.what());
