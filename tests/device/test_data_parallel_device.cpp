@@ -32,11 +32,12 @@ TEST_CASE("replicas on several devices: gradients summed into the primary, param
   t.acc_grad_parameters();
   CHECK(t.needs_sync());
   const auto g0 = g[0].to_host();
-  const auto g1 = g[1].to_host();
+  const auto g1 = g[1].to_host(), g2 = g[2].to_host();
   for (std::size_t i = 0; i < n; ++i) {
     const float base = static_cast<float>(i % 7);
     CHECK(g0[i] == (0.25f + base) + (0.5f + base) + (0.75f + base));
-    CHECK(g1[i] == 0.5f + base);
+    CHECK(g1[i] == 0.f);  // zeroed on their own devices, as cunn does after its reduce
+    CHECK(g2[i] == 0.f);
   }
   // Update the primary on the host (a stand-in for an optimizer step), then broadcast.
   auto w = p[0].to_host();

@@ -43,15 +43,36 @@ TEST_CASE("acc_grad_parameters sums into the primary; sync_parameters broadcasts
   t.acc_grad_parameters();
   CHECK(t.needs_sync());
   CHECK(grads[0] == std::vector<float>(4, 3.f));  // 0.5 + 1 + 1.5
-  CHECK(grads[1] == std::vector<float>(4, 1.f));  // the others are left as they were
-  CHECK(grads[2] == std::vector<float>(4, 1.5f));
+  CHECK(grads[1] == std::vector<float>(4, 0.f));  // the others are zeroed, as cunn does
+  CHECK(grads[2] == std::vector<float>(4, 0.f));
   for (auto& x : params[0]) x -= 1;  // the caller's update of the primary
   t.sync_parameters();
   CHECK_FALSE(t.needs_sync());
   for (int r = 0; r < 3; ++r) CHECK(params[r] == std::vector<float>{-1, 0, 1, 2});
-  // A second round accumulates afresh (the sum, not added to the last one).
+  // Nothing new on the others: a second call leaves the primary's sum as it was.
   t.acc_grad_parameters();
-  CHECK(grads[0] == std::vector<float>(4, 5.5f));  // 3 + 1 + 1.5
+  CHECK(grads[0] == std::vector<float>(4, 3.f));
+}
+
+TEST_CASE("passes accumulated between calls count once each: three are three times one" *
+          doctest::timeout(30)) {
+  // cunn issue #209: every replica adds each backward pass to its gradients (accGradParameters)
+  // and the table reduces after each pass. Three passes without zeroing the primary must give
+  // three times one pass's sum, 3 * (0.5 + 1 + 1.5); counting the others' old gradients again
+  // gave 16.5.
+  kvstore::KVStore<kvstore::local, float> kv;
+  std::vector<std::vector<float>> params(3, std::vector<float>(5, 0.f)),
+      grads(3, std::vector<float>(5, 0.f));
+  table t(kv);
+  for (int r = 0; r < 3; ++r) t.add(std::span<float>(params[r]), std::span<float>(grads[r]));
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int r = 0; r < 3; ++r)
+      for (float& g : grads[r]) g += static_cast<float>(r + 1) * 0.5f;
+    t.acc_grad_parameters();
+  }
+  CHECK(grads[0] == std::vector<float>(5, 9.f));
+  CHECK(grads[1] == std::vector<float>(5, 0.f));
+  CHECK(grads[2] == std::vector<float>(5, 0.f));
 }
 
 TEST_CASE("misuse: mismatched sizes, no replicas; two tables in one store" * doctest::timeout(30)) {

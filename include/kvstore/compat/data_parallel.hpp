@@ -1,6 +1,7 @@
 // Torch cunn's DataParallelTable over a kvstore store: replicas of a model's (flat) parameters
 // and gradients, one per device; acc_grad_parameters sums every replica's gradients into the
-// primary's (replica 0), sync_parameters broadcasts the primary's parameters to every replica.
+// primary's (replica 0) and zeroes the others', sync_parameters broadcasts the primary's
+// parameters to every replica.
 // Works over KVStore<device> (device_span buffers; the sum is one fused kernel on the primary's
 // device with placement::first) and over KVStore<local> (std::span buffers). This header does not
 // include device.hpp, so with the local store it compiles without CUDA or Thrust.
@@ -40,9 +41,9 @@ inline std::uint64_t next_table_id() {
 }
 }  // namespace detail
 
-/// DataParallelTable<Store>: Store is KVStore<device, T> or KVStore<local, T>. The table uses two
-/// keys of the store of its own ("data_parallel.<n>.params" and ".grads"); use a store without an
-/// optimizer for them (as with cunn, the caller updates the primary's parameters).
+/// DataParallelTable<Store>: Store is KVStore<device, T> or KVStore<local, T>. The table uses three
+/// keys of the store of its own ("data_parallel.<n>.params", ".grads" and ".zeros"); use a store
+/// without an optimizer for them (as with cunn, the caller updates the primary's parameters).
 /// Not thread-safe; every call blocks until its work is done.
 template <class Store>
 class DataParallelTable {
@@ -88,6 +89,10 @@ class DataParallelTable {
     if (params_.empty()) {
       store_->init(params_key(), as_const(p));
       store_->init(grads_key(), as_const(g));
+      // What acc_grad_parameters pulls into the other replicas' gradients: a pull writes any
+      // device's memory, where this header cannot (it includes no CUDA).
+      const std::vector<T> zeros(size_of(g), T{});
+      store_->init(zeros_key(), std::span<const T>(zeros));
     }
     params_.push_back(p);
     grads_.push_back(g);
@@ -110,9 +115,11 @@ class DataParallelTable {
   /// The number of replicas added.
   std::size_t size() const noexcept { return params_.size(); }
 
-  /// Sums every replica's gradients (in replica order) into the primary's gradients; the other
-  /// replicas' gradients are left as they are (cunn's behaviour). Blocks until done. Throws
-  /// kvstore::error(invalid_argument) with no replicas, and what the store's ops throw.
+  /// Sums every replica's gradients (in replica order) into the primary's gradients, then zeroes
+  /// the other replicas' gradients, as cunn does after its reduce (DataParallelTable.lua,
+  /// __backward: "Zero out gradients on the other GPUs", the fix of cunn issue #209): gradients
+  /// accumulated over several passes between two calls are each counted once. Blocks until done.
+  /// Throws kvstore::error(invalid_argument) with no replicas, and what the store's ops throw.
   void acc_grad_parameters() {
     check_replicas("acc_grad_parameters");
     std::vector<typename traits::const_buffer> in;
@@ -122,6 +129,11 @@ class DataParallelTable {
         .wait();
     const key gk = grads_key();
     store_->pull(std::span<const key>(&gk, 1), std::span<const buffer>(&grads_.front(), 1)).wait();
+    if (grads_.size() > 1) {
+      const std::vector<key> zs(grads_.size() - 1, zeros_key());
+      store_->pull(std::span<const key>(zs), std::span<const buffer>(grads_.data() + 1, zs.size()))
+          .wait();
+    }
     needs_sync_ = true;
   }
 
@@ -150,6 +162,7 @@ class DataParallelTable {
  private:
   key params_key() const { return key(prefix_ + ".params"); }
   key grads_key() const { return key(prefix_ + ".grads"); }
+  key zeros_key() const { return key(prefix_ + ".zeros"); }
 
   template <class B>
   static buffer as_buffer(B&& b) {
