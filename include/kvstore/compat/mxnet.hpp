@@ -19,6 +19,7 @@
 #include <kvstore/kvstore.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -64,42 +65,61 @@ struct key_shape {
 class KVStore {
  public:
   /// MXNet's kvstore types, in the order error messages list them.
-  static constexpr std::string_view type_names[] = {"local", "device", "dist", "dist_sync",
-                                                    "dist_async"};
+  static constexpr std::string_view type_names[] = {"local",
+                                                    "local_allreduce_cpu",
+                                                    "local_allreduce_device",
+                                                    "device",
+                                                    "nccl",
+                                                    "dist",
+                                                    "dist_sync",
+                                                    "dist_async",
+                                                    "dist_device_sync",
+                                                    "dist_sync_device"};
 
-  /// Makes a store by MXNet's name:
-  /// - "local": KVStore<local> (one process; several devices' values summed);
-  /// - "device": KVStore<device> over every visible GPU (the OMP build: one virtual device);
-  /// - "dist", "dist_sync": a dist_sync KVStore<dist> with the rest of its options from the
-  ///   environment (dist_options::from_env()); "dist_async": the same, dist_async. The servers
-  ///   keep their own mode (KVSTORE_TYPE where they start, or this program's name in an SPMD
-  ///   launch): a KVSTORE_TYPE that contradicts the name is an error rather than a silent mix.
-  /// In a process whose role is server or scheduler, a dist name runs that role and exits, as
-  /// MXNet does. Throws kvstore::error: invalid_argument (an unknown name, listing the valid
-  /// ones; a contradicting KVSTORE_TYPE; a malformed environment), unsupported ("device" in a
+  /// Makes a store by MXNet's name, read as MXNet's KVStore::Create does (src/kvstore/
+  /// kvstore.cc): in any letter case, a name containing "dist" is a dist worker, dist_async when
+  /// it contains "_async" ("dist", "dist_sync", "dist_device_sync", "dist_sync_device",
+  /// "dist_async"), otherwise dist_sync; else a name containing "device" or "nccl" is
+  /// KVStore<device> over every visible GPU (the OMP build: one virtual device; "device",
+  /// "local_allreduce_device"); else a name containing "local" is KVStore<local>
+  /// ("local", "local_allreduce_cpu"). The dist store's other options come from the environment
+  /// (dist_options::from_env()); its servers keep their own mode (KVSTORE_TYPE where they start,
+  /// or this program's name in an SPMD launch): a KVSTORE_TYPE that contradicts the name is an
+  /// error rather than a silent mix. In a process whose role is server or scheduler, a dist name
+  /// runs that role and exits, as MXNet does. Throws kvstore::error: invalid_argument (a name
+  /// with none of those words, which MXNet would quietly make a local store of: a typo; a
+  /// contradicting KVSTORE_TYPE; a malformed environment), unsupported (a device name in a
   /// program built without <kvstore/device.hpp>), and what the store's constructor throws.
   static KVStore create(std::string_view name = "local") {
-    if (name == "local")
-      return KVStore(name, std::make_unique<detail::store_model<kvstore::KVStore<local, float>>>());
-    if (name == "device") {
+    std::string lower(name);
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const auto has = [&](std::string_view w) { return lower.find(w) != std::string::npos; };
+    if (has("dist")) {
+      const bool sync = !has("_async");
+      auto o = dist_options::from_env();
+      check_env_type(lower, sync);
+      o.sync = sync;
+      return KVStore(lower,
+                     std::make_unique<detail::store_model<kvstore::KVStore<dist, float>>>(o));
+    }
+    if (has("device") || has("nccl")) {
       if (!detail::device_factory())
         throw error(errc::unsupported,
-                    "kvstore: mxnet::KVStore::create(\"device\"): this program was built without "
-                    "the device store; #include <kvstore/device.hpp> (Thrust, with CUDA or the OMP "
-                    "backend) before <kvstore/compat/mxnet.hpp>");
-      return KVStore(name, detail::device_factory()());
+                    "kvstore: mxnet::KVStore::create(\"" + std::string(name) +
+                        "\"): this program was built without the device store; #include "
+                        "<kvstore/device.hpp> (Thrust, with CUDA or the OMP backend) before "
+                        "<kvstore/compat/mxnet.hpp>");
+      return KVStore(lower, detail::device_factory()());
     }
-    if (name == "dist" || name == "dist_sync" || name == "dist_async") {
-      const bool sync = name != "dist_async";
-      auto o = dist_options::from_env();
-      check_env_type(name, sync);
-      o.sync = sync;
-      return KVStore(name, std::make_unique<detail::store_model<kvstore::KVStore<dist, float>>>(o));
-    }
+    if (has("local"))
+      return KVStore(lower,
+                     std::make_unique<detail::store_model<kvstore::KVStore<local, float>>>());
     std::string valid;
     for (auto t : type_names) valid += (valid.empty() ? "" : ", ") + std::string(t);
     throw error(errc::invalid_argument, "kvstore: mxnet::KVStore::create(\"" + std::string(name) +
-                                            "\"): unknown type; the types are " + valid);
+                                            "\"): unknown type (a name says local, device or "
+                                            "dist); the types are " +
+                                            valid);
   }
 
   KVStore(KVStore&&) noexcept = default;
@@ -107,7 +127,7 @@ class KVStore {
   /// As dispose().
   ~KVStore() = default;
 
-  /// The name given to create ("dist" stays "dist", as MXNet's type does).
+  /// The name given to create, in lower case as MXNet's type is ("dist" stays "dist").
   std::string type() const { return live("type").name; }
 
   /// Releases the store: waits for its ops, and a dist worker leaves the job (meeting the others
@@ -263,8 +283,8 @@ class KVStore {
 
   /// Every worker reaches it before any leaves (local and device: returns at once).
   void barrier() { live("barrier").store->barrier(); }
-  /// Runs the servers' command hook on every server; returns once all ran. Throws unsupported
-  /// on local and device (no servers).
+  /// Runs the servers' command hook on every server; returns once all ran. On local and device
+  /// (no servers) it does nothing, as MXNet's.
   void send_command_to_servers(int head, std::string_view body) {
     live("send_command_to_servers").store->send_command_to_servers(head, body);
   }

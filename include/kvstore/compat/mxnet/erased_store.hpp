@@ -88,7 +88,8 @@ class store_model final : public erased_store {
   }
   void barrier() override { store_.barrier(); }
   void send_command_to_servers(int head, std::string_view body) override {
-    store_.send_command_to_servers(head, body);
+    // MXNet's KVStore base class does nothing without servers (include/mxnet/kvstore.h).
+    if constexpr (std::is_same_v<Store, dist_store>) store_.send_command_to_servers(head, body);
   }
   int num_dead_node(int node_id, int timeout_sec) override {
     return store_.num_dead_node(node_id, timeout_sec);
