@@ -155,7 +155,7 @@ int train(Store& kv, const flags& f) {
         team.put(w, names[t], initial[t]);
     for (std::size_t t = 0; t < names.size(); ++t) team.collect(w, names[t], first_step, params[t]);
     for (std::size_t b = 0; b < steps; ++b) {
-      const int s = first_step + static_cast<int>(b) + 1;
+      const int s = first_step + static_cast<int>(b);  // SINGA numbers steps from 0
       // This worker's sub-batch: part (group * N + w) of batch b.
       const std::size_t* rows =
           order.data() + b * f.batch + (group * n + static_cast<std::size_t>(w)) * sub;
@@ -169,7 +169,8 @@ int train(Store& kv, const flags& f) {
       net.backward(params, x.data(), sub, ws, [&](std::size_t layer) {
         for (std::size_t t : {2 * layer, 2 * layer + 1}) team.update(w, names[t], ws.grads[t], s);
       });
-      for (std::size_t t = 0; t < names.size(); ++t) team.collect(w, names[t], s, params[t]);
+      // The next step's params: version s + 1.
+      for (std::size_t t = 0; t < names.size(); ++t) team.collect(w, names[t], s + 1, params[t]);
     }
   };
 

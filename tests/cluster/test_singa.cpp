@@ -53,11 +53,11 @@ TEST_CASE(
     group.collect(2, "w", 1, seen);
     collected = true;
   });
-  for (int i = 0; i < 3; ++i) group.update(i, "w", std::vector<float>(2, float(i + 1)), 1);
+  for (int i = 0; i < 3; ++i) group.update(i, "w", std::vector<float>(2, float(i + 1)), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   CHECK_FALSE(collected.load());   // still waiting after the 3rd update
   CHECK(group.version("w") == 0);  // and nothing was pushed
-  group.update(3, "w", std::vector<float>(2, 4.0f), 1);
+  group.update(3, "w", std::vector<float>(2, 4.0f), 0);
   collector.join();
   CHECK(collected.load());
   // mean 2.5: 1 - 0.1 * 2.5 = 0.75 (averaging twice would give 1 - 0.1 * 0.625 = 0.9375)
@@ -79,8 +79,8 @@ TEST_CASE("several params and steps from 4 threads: one push per param per step"
     group.collect(w, "b", 0, b);
     for (int step = 1; step <= 5; ++step) {
       // Gradients: a gets w + 1 (mean 2.5), b gets 2 w (mean 3).
-      group.update(w, "b", std::vector<float>(1, 2.0f * float(w)), step);
-      group.update(w, "a", std::vector<float>(3, float(w + 1)), step);
+      group.update(w, "b", std::vector<float>(1, 2.0f * float(w)), step - 1);  // from 0
+      group.update(w, "a", std::vector<float>(3, float(w + 1)), step - 1);
       group.collect(w, "a", step, a);
       group.collect(w, "b", step, b);
       // Each step moves a by -0.5 * 2.5 and b by -0.5 * 3; a worker may see later steps too.
@@ -106,28 +106,29 @@ TEST_CASE("misuse: a clear error naming the param and step, nothing pushed" *
   // Nobody put it: bounded waits.
   expect_error([&] { group.collect(0, "w", 0, out); }, errc::timeout,
                {"collect of param \"w\" step 0 by worker 0", "200 ms", "never put"});
-  expect_error([&] { group.update(1, "w", out, 1); }, errc::timeout, {"update", "never put"});
+  expect_error([&] { group.update(1, "w", out, 0); }, errc::timeout, {"update", "never put"});
 
   group.put(0, "w", std::vector<float>{1, 2});
   expect_error([&] { group.put(1, "w", out); }, errc::already_inited,
                {"put of param \"w\" by worker 1", "already put by worker 0"});
-  expect_error([&] { group.update(2, "w", out, 1); }, errc::invalid_argument,
+  expect_error([&] { group.update(2, "w", out, 0); }, errc::invalid_argument,
                {"worker 2 is not in [0, 2)"});
-  expect_error([&] { group.update(0, "w", std::vector<float>(3), 1); }, errc::size_mismatch,
-               {"param \"w\" step 1", "3 values, the param 2"});
-  expect_error([&] { group.update(0, "w", out, 2); }, errc::invalid_argument,
-               {"step 2 by worker 0", "next is 1"});
-  group.update(0, "w", std::vector<float>{2, 2}, 1);
+  expect_error([&] { group.update(0, "w", std::vector<float>(3), 0); }, errc::size_mismatch,
+               {"param \"w\" step 0", "3 values, the param 2"});
+  // SINGA numbers steps from 0: a first step 1 is refused, and so is a step sent twice.
   expect_error([&] { group.update(0, "w", out, 1); }, errc::invalid_argument,
-               {"step 1 by worker 0", "after its step 1"});
-  // Only one of the two workers sent step 1: collect times out saying so.
+               {"step 1 by worker 0", "next step is 0", "steps 0, 1, 2"});
+  group.update(0, "w", std::vector<float>{2, 2}, 0);
+  expect_error([&] { group.update(0, "w", out, 0); }, errc::invalid_argument,
+               {"step 0 by worker 0", "next step is 1"});
+  // Only one of the two workers sent step 0: collect of version 1 times out saying so.
   expect_error([&] { group.collect(1, "w", 1, out); }, errc::timeout,
-               {"step 1 by worker 1", "pushed up to step 0", "1 of 2 workers"});
+               {"step 1 by worker 1", "pushed 0 step(s)", "step 0 has 1 of 2 workers"});
   expect_error([&] { group.collect(1, "w", 0, std::span<float>(out).first(1)); },
                errc::size_mismatch, {"room for 1"});
   CHECK(group.version("w") == 0);
-  group.update(1, "w", std::vector<float>{4, 4}, 1);
-  group.collect(1, "w", 1, out);
+  group.update(1, "w", std::vector<float>{4, 4}, 0);
+  group.collect(1, "w", 1, out);  // the first update (step 0) leaves version 1, as SINGA's
   CHECK(out == std::vector<float>{-2, -1});  // {1, 2} - mean 3
   CHECK(group.version("w") == 1);
   expect_error([&] { singa::WorkerGroup<local_store> none(kv, 0); }, errc::invalid_argument,
@@ -153,8 +154,8 @@ TEST_CASE(
       CHECK(out == std::vector<float>{1, 1});
       // "same": thread i of either group sends i + 1 (mean 2.5); "mixed": group 1 sends i + 5
       // (the mean over all 8 is 4.5).
-      group.update(w, "same", std::vector<float>(2, float(w + 1)), 1);
-      group.update(w, "mixed", std::vector<float>(2, float(w + 1 + 4 * g)), 1);
+      group.update(w, "same", std::vector<float>(2, float(w + 1)), 0);
+      group.update(w, "mixed", std::vector<float>(2, float(w + 1 + 4 * g)), 0);
       group.collect(w, "same", 1, out);
       CHECK(out == std::vector<float>{0.75f, 0.75f});  // a sum of the groups' means: 0.5
       group.collect(w, "mixed", 1, out);
@@ -186,10 +187,10 @@ TEST_CASE("dist_async with staleness 0: a group's collect waits for the slower g
         if (w == 0) group.put(w, "w", std::vector<float>{1});
         std::vector<float> out(1);
         const float grad = g == 0 ? 2.5f : 6.5f;
-        group.update(w, "w", std::vector<float>{grad}, 1);
+        group.update(w, "w", std::vector<float>{grad}, 0);
         group.collect(w, "w", 1, out);
         if (g == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
-        group.update(w, "w", std::vector<float>{grad}, 2);
+        group.update(w, "w", std::vector<float>{grad}, 1);
         const auto t0 = clk::now();
         group.collect(w, "w", 2, out);
         if (g == 0 && w == 0) {

@@ -2,8 +2,10 @@
 // of one process train one model on sub-batches of each batch and share its parameters. The
 // owner of a parameter puts it once; every worker sends its gradient of each step to the group
 // (SINGA's stub), and the N-th arrival pushes the group's mean to the store, once: exactly one
-// optimizer step per parameter per step (SINGA once averaged twice). A worker collects a step's
-// parameter when the store's version has reached it.
+// optimizer step per parameter per step (SINGA once averaged twice). Steps are numbered from 0,
+// as SINGA's Worker::step_: update of step s makes version s + 1, and collect(step) at the start
+// of step s waits for version s (collect(0): the put value), as SINGA's Collect waits for the
+// param's version to pass the last one.
 //
 // Over KVStore<local> the group is the whole job. Over KVStore<dist> each process is one group
 // and pushes its group's mean:
@@ -102,9 +104,10 @@ class WorkerGroup {
     cv_.notify_all();
   }
 
-  /// Worker `worker`'s gradient of `param` for `step` (1, 2, 3, ... for each worker and param).
-  /// Returns at once for the first N - 1 workers of a step; the N-th pushes the group's mean
-  /// (one push: one optimizer step) and returns once it is issued. Waits (bounded) for the put.
+  /// Worker `worker`'s gradient of `param` for `step` (0, 1, 2, ... for each worker and param,
+  /// SINGA's numbering: step s's push makes version s + 1). Returns at once for the first N - 1
+  /// workers of a step; the N-th pushes the group's mean (one push: one optimizer step) and
+  /// returns once it is issued. Waits (bounded) for the put.
   /// Throws kvstore::error: a worker out of range, a size other than the param's, a step out of
   /// order, an earlier push of the param that failed, the put not coming in time.
   void update(int worker, key param, std::span<const T> grad, int step) {
@@ -117,18 +120,19 @@ class WorkerGroup {
       throw error(errc::size_mismatch, "kvstore: singa: " + call + ": " +
                                            std::to_string(grad.size()) + " values, the param " +
                                            std::to_string(p.size));
-    int& last = p.last_step[static_cast<std::size_t>(worker)];
-    if (step != last + 1)
-      throw error(errc::invalid_argument, "kvstore: singa: " + call + ": after its step " +
-                                              std::to_string(last) + " the worker's next is " +
-                                              std::to_string(last + 1) +
-                                              " (each worker sends steps 1, 2, 3, ... once each)");
+    // Internally a step is the version its push makes: step + 1.
+    int& sent = p.last_step[static_cast<std::size_t>(worker)];  // versions this worker sent
+    if (step != sent)
+      throw error(errc::invalid_argument, "kvstore: singa: " + call + ": the worker's next step is " +
+                                              std::to_string(sent) +
+                                              " (each worker sends steps 0, 1, 2, ... once each)");
+    const int version = step + 1;
     rethrow_failed(p);
-    gathering& g = p.open[step];
+    gathering& g = p.open[version];
     if (g.slots.empty()) g.slots.resize(static_cast<std::size_t>(workers_));
     std::vector<T>& mine = g.slots[static_cast<std::size_t>(worker)];
     take_spare(p, mine);
-    last = step;
+    sent = version;
     lk.unlock();
     // This worker's share of the mean, outside the lock: the slot is this worker's alone.
     for (std::size_t i = 0; i < grad.size(); ++i) mine[i] = grad[i] * scale_;
@@ -138,7 +142,7 @@ class WorkerGroup {
     // The N-th: one push of the N shares (the store sums them), issued before this worker can
     // send its next step, so the group's pushes reach the store in step order.
     std::vector<std::vector<T>> shares = std::move(g.slots);
-    p.open.erase(step);
+    p.open.erase(version);
     lk.unlock();
     std::vector<key> ks(shares.size(), param);
     std::vector<std::span<const T>> values(shares.begin(), shares.end());
@@ -153,13 +157,13 @@ class WorkerGroup {
     }
     lk.lock();
     prune(p);
-    p.pushed = step;
-    p.in_flight.emplace(step, flight{std::move(o), std::move(shares)});
+    p.pushed = version;
+    p.in_flight.emplace(version, flight{std::move(o), std::move(shares)});
     cv_.notify_all();
   }
 
-  /// Waits until the group's push of `step` was issued (step 0: the put), then reads the param
-  /// into `out`: the store's value at version >= step. Throws kvstore::error: a worker out of
+  /// Waits until the group's push making version `step` was issued (that of step - 1; step 0:
+  /// the put), then reads the param into `out`: the store's value at version >= step. Throws kvstore::error: a worker out of
   /// range, a size other than the param's, the push of that step failing, the step not complete
   /// within group_options::timeout (naming how many of the group's gradients arrived).
   void collect(int worker, key param, int step, std::span<T> out) {
@@ -200,10 +204,10 @@ class WorkerGroup {
     bool putting = false, put = false;
     int owner = -1;
     std::size_t size = 0;
-    std::vector<int> last_step;     // each worker's last step sent
-    std::map<int, gathering> open;  // steps still gathering
-    int pushed = 0;                 // the last step pushed
-    std::map<int, flight> in_flight;
+    std::vector<int> last_step;     // each worker's steps sent so far (its next step)
+    std::map<int, gathering> open;  // by the version each makes: steps still gathering
+    int pushed = 0;                 // the last version pushed (steps pushed)
+    std::map<int, flight> in_flight;  // by version
     std::vector<std::vector<T>> spare;  // buffers of finished pushes, for the next steps
     std::exception_ptr failed;          // a push that failed: every later call throws it
   };
@@ -228,11 +232,11 @@ class WorkerGroup {
       why = "the param was never put (its owner puts it once)";
     } else {
       int arrived = 0;
-      for (auto& [s, g] : p.open)
-        if (s == p.pushed + 1) arrived = g.arrived;
-      why = "the group pushed up to step " + std::to_string(p.pushed) + "; step " +
-            std::to_string(p.pushed + 1) + " has " + std::to_string(arrived) + " of " +
-            std::to_string(workers_) + " workers' gradients";
+      for (auto& [v, g] : p.open)
+        if (v == p.pushed + 1) arrived = g.arrived;
+      why = "the group pushed " + std::to_string(p.pushed) + " step(s), up to version " +
+            std::to_string(p.pushed) + "; step " + std::to_string(p.pushed) + " has " +
+            std::to_string(arrived) + " of " + std::to_string(workers_) + " workers' gradients";
     }
     throw error(errc::timeout, "kvstore: singa: " + call + ": not ready after " +
                                    std::to_string(opts_.timeout.count()) + " ms: " + why);
