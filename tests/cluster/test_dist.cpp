@@ -224,6 +224,45 @@ TEST_CASE("a frame the caller's thread writes only in part is finished by the io
   }
 }
 
+TEST_CASE("a barrier counts workers, not frames: a second one from a waiting worker is refused" *
+          doctest::timeout(60)) {
+  kvtest::cluster c(kvtest::test_options(3, 1));
+  std::atomic<bool> last_arrived{false};
+  c.run_workers([&](KVStore<dist>& kv) {
+    if (kv.rank() == 2) {  // the last worker comes late
+      std::this_thread::sleep_for(std::chrono::milliseconds(1'500));
+      last_arrived = true;
+      kv.barrier();
+      return;
+    }
+    if (kv.rank() == 1) {
+      kv.barrier();
+      CHECK(last_arrived.load());  // released only once worker 2 came
+      return;
+    }
+    // Worker 0 enters the barrier from two threads at once: one waits, the other is refused
+    // with its reason; neither lets the barrier complete without worker 2.
+    std::atomic<int> refused{0}, released{0};
+    auto enter = [&] {
+      try {
+        kv.barrier();
+        CHECK(last_arrived.load());
+        ++released;
+      } catch (const kvstore::error& e) {
+        CHECK_MESSAGE(
+            std::string(e.what()).find("already waiting at this barrier") != std::string::npos,
+            e.what());
+        ++refused;
+      }
+    };
+    std::thread other(enter);
+    enter();
+    other.join();
+    CHECK(refused == 1);
+    CHECK(released == 1);
+  });
+}
+
 TEST_CASE("dist_async: each push is applied on arrival" * doctest::timeout(30)) {
   kvtest::cluster c(kvtest::test_options(2, 2, /*sync=*/false));
   c.run_workers([](KVStore<dist>& kv) {

@@ -103,6 +103,14 @@ class scheduler final : public detail::scheduler_registry {
         return;
       case wire::cmd::barrier:
         if (n->r != role::worker) throw error(errc::protocol, "barrier from a non-worker");
+        // A barrier counts workers, not frames: a second one from a worker already waiting
+        // would release the others early (and grow the list without bound).
+        for (auto& [id, req] : barrier_)
+          if (id == n->id)
+            return reply(n->conn, h.req_id, errc::invalid_argument,
+                         "barrier: " + detail::node_name(n->id) +
+                             " is already waiting at this barrier (one barrier per worker at a "
+                             "time)");
         barrier_.emplace_back(n->id, h.req_id);
         return check_barrier();
       case wire::cmd::dead_count: {
