@@ -143,14 +143,13 @@ class scheduler_registry : public transport::node_base {
       return;
     }
     if (auto bad = size_mismatch(reg, n); !bad.empty()) {
+      // Refused alone: the job goes on gathering (or running) without the misconfigured node;
+      // if it then does not gather in time, its error names the last refusal.
       reply(self, h.req_id, errc::invalid_argument, bad);
-      if (gathered_) {  // a running job goes on without the misconfigured node
-        detail::log_warn("scheduler", "refused a node: " + bad);
-        self->close("wrong job size");
-        return;
-      }
-      pending_.insert(self);  // closed with the rest when the scheduler stops
-      return fail_job(errc::invalid_argument, bad);
+      detail::log_warn("scheduler", "refused a node: " + bad);
+      if (!gathered_) last_refusal_ = bad;
+      self->close("wrong job size");
+      return;
     }
     if (gathered_ && take_back(n, h.req_id)) return;
     const int want = n.r == role::server ? opts_.num_servers : opts_.num_workers;
@@ -274,7 +273,8 @@ class scheduler_registry : public transport::node_base {
   bool gathered_ = false;
   std::string failure_;
   errc failure_code_ = errc::timeout;
-  std::string secret_;  // the job secret (transport/identity.hpp), drawn at gather
+  std::string last_refusal_;  // the last node refused before the job gathered, for its deadline
+  std::string secret_;        // the job secret (transport/identity.hpp), drawn at gather
 };
 
 }  // namespace kvstore::detail

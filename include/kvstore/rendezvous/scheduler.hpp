@@ -68,13 +68,14 @@ class scheduler final : public detail::scheduler_registry {
       if (ec || done_) return;
       auto now = clock::now();
       if (!gathered_ && failure_.empty() && now - start_ > opts_.connect_timeout)
-        return fail_job(errc::timeout, "the job did not gather within " +
-                                           std::to_string(opts_.connect_timeout.count()) +
-                                           " ms: " + std::to_string(count(role::server)) + " of " +
-                                           std::to_string(opts_.num_servers) + " servers and " +
-                                           std::to_string(count(role::worker)) + " of " +
-                                           std::to_string(opts_.num_workers) +
-                                           " workers registered");
+        return fail_job(
+            errc::timeout,
+            "the job did not gather within " + std::to_string(opts_.connect_timeout.count()) +
+                " ms: " + std::to_string(count(role::server)) + " of " +
+                std::to_string(opts_.num_servers) + " servers and " +
+                std::to_string(count(role::worker)) + " of " + std::to_string(opts_.num_workers) +
+                " workers registered" +
+                (last_refusal_.empty() ? std::string() : "; refused: " + last_refusal_));
       if (gathered_) {
         for (auto& n : nodes_) {
           if (!n.dead && !n.bye && now - n.last_heard > opts_.dead_timeout)
