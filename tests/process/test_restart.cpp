@@ -250,6 +250,33 @@ TEST_CASE(
   st.join();
 }
 
+TEST_CASE("a server the scheduler refuses before it joins exits non-zero, saying why" *
+          doctest::timeout(60)) {
+  kvtest::temp_dir dir{"kvstore-refused-server"};
+  auto o = restart_options(/*sync=*/true);
+  o.token = "the-right-token";
+  o.bind_host = "127.0.0.1";
+  kvstore::scheduler sched(o);
+  o.scheduler_port = sched.port();
+  std::thread st([&] {
+    try {
+      sched.run();
+    } catch (const kvstore::error&) {  // the job never gathers: its deadline, after the check
+    }
+  });
+  const std::string err = dir / "server.err";
+  kvtest::child server =
+      spawn_server(o.scheduler_port, dir.path(), 0, err, {"KVSTORE_TOKEN=a-wrong-token"});
+  const int code = server.wait_exit(20'000ms);
+  sched.stop();
+  st.join();
+  const std::string said = kvtest::read_file(err);
+  INFO("stderr:\n" << said);
+  CHECK(code != 0);  // it used to serve on and exit 0 once no worker was left
+  CHECK(said.find("before this server joined the job") != std::string::npos);
+  CHECK(said.find("token") != std::string::npos);
+}
+
 TEST_CASE("a corrupt or truncated snapshot is refused with a clear error" * doctest::timeout(60)) {
   kvtest::temp_dir dir{"kvstore-restart"};
   kvstore::detail::shard_snapshot snap;

@@ -324,8 +324,13 @@ class server final : public transport::node_base {
           it != live_.end() && (it->second.expired() || it->second.lock().get() == &c))
         live_.erase(it);
     if (&c == sched_.get()) {
-      // Training needs no scheduler: serve on, and end once the workers are gone.
       if (done_) return;
+      // Refused before it joined (a wrong token, the scheduler's connection cap): this server
+      // serves no job, and says so (kv_server exits non-zero, so launchers see it).
+      if (secret_.empty())
+        return finish("the scheduler closed the connection before this server joined the job (" +
+                      reason + ")");
+      // Training needs no scheduler: serve on, and end once the workers are gone.
       sched_lost_ = true;
       detail::log_warn(who_,
                        "lost the scheduler (" + reason + "); serving on until the workers leave");
