@@ -2,7 +2,7 @@
 // of one key; the store sums them, applies SGD to the stored weights, and a pull reads them back.
 //
 //   build/examples/hello_local
-#include <kvstore/kvstore.hpp>
+#include <kvstore/local.hpp>  // KVStore<local> alone; <kvstore/kvstore.hpp> has every store
 
 #include <cmath>
 #include <cstdio>
