@@ -123,9 +123,9 @@ class WorkerGroup {
     // Internally a step is the version its push makes: step + 1.
     int& sent = p.last_step[static_cast<std::size_t>(worker)];  // versions this worker sent
     if (step != sent)
-      throw error(errc::invalid_argument, "kvstore: singa: " + call + ": the worker's next step is " +
-                                              std::to_string(sent) +
-                                              " (each worker sends steps 0, 1, 2, ... once each)");
+      throw error(errc::invalid_argument,
+                  "kvstore: singa: " + call + ": the worker's next step is " +
+                      std::to_string(sent) + " (each worker sends steps 0, 1, 2, ... once each)");
     const int version = step + 1;
     rethrow_failed(p);
     gathering& g = p.open[version];
@@ -163,9 +163,10 @@ class WorkerGroup {
   }
 
   /// Waits until the group's push making version `step` was issued (that of step - 1; step 0:
-  /// the put), then reads the param into `out`: the store's value at version >= step. Throws kvstore::error: a worker out of
-  /// range, a size other than the param's, the push of that step failing, the step not complete
-  /// within group_options::timeout (naming how many of the group's gradients arrived).
+  /// the put), then reads the param into `out`: the store's value at version >= step. Throws
+  /// kvstore::error: a worker out of range, a size other than the param's, the push of that step
+  /// failing, the step not complete within group_options::timeout (naming how many of the group's
+  /// gradients arrived).
   void collect(int worker, key param, int step, std::span<T> out) {
     check_worker("collect", worker, param);
     const std::string call = "collect of param " + param.str() + " step " + std::to_string(step) +
@@ -204,10 +205,10 @@ class WorkerGroup {
     bool putting = false, put = false;
     int owner = -1;
     std::size_t size = 0;
-    std::vector<int> last_step;     // each worker's steps sent so far (its next step)
-    std::map<int, gathering> open;  // by the version each makes: steps still gathering
-    int pushed = 0;                 // the last version pushed (steps pushed)
-    std::map<int, flight> in_flight;  // by version
+    std::vector<int> last_step;         // each worker's steps sent so far (its next step)
+    std::map<int, gathering> open;      // by the version each makes: steps still gathering
+    int pushed = 0;                     // the last version pushed (steps pushed)
+    std::map<int, flight> in_flight;    // by version
     std::vector<std::vector<T>> spare;  // buffers of finished pushes, for the next steps
     std::exception_ptr failed;          // a push that failed: every later call throws it
   };
