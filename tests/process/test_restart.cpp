@@ -65,32 +65,53 @@ kvstore::dist_options restart_options(bool sync) {
   return o;
 }
 
+// A 1 x 1 job (scheduler in this process, server a kv_server process) whose server is killed
+// and restarted once the worker's count of rounds reaches `kill_at`, whatever is in flight.
+struct restarted_job {
+  kvtest::temp_dir dir;
+  kvstore::dist_options o;
+  kvstore::scheduler sched;
+  std::thread st;
+  kvtest::child server;
+  std::atomic<int> round{0};
+  std::atomic<bool> restarted{false};
+  std::thread killer;
+
+  restarted_job(const char* name, bool sync, int kill_at)
+      : dir{name}, o(restart_options(sync)), sched(o) {
+    o.scheduler_port = sched.port();
+    o.rank_hint = 0;  // the worker's
+    st = std::thread([this] { sched.run(); });
+    server = spawn_server(o.scheduler_port, dir.path(), 0);
+    killer = std::thread([this, kill_at] {
+      while (round < kill_at) std::this_thread::sleep_for(1ms);
+      if (round > kill_at + 1'000'000) return;  // released: the worker failed early
+      kill_and_restart(server, o.scheduler_port, dir.path());
+      restarted = true;
+    });
+  }
+  /// After the worker's store is gone: the restarted server's exit code (it ends with the job).
+  int finish() {
+    round = 1 << 30;
+    if (killer.joinable()) killer.join();
+    const int code = server.wait_exit(15'000ms);
+    sched.stop();
+    st.join();
+    return code;
+  }
+  ~restarted_job() {
+    if (st.joinable()) finish();
+  }
+};
+
 }  // namespace
 
 TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is lost or doubled" *
           doctest::timeout(120)) {
-  kvtest::temp_dir dir{"kvstore-restart"};
-  auto o = restart_options(/*sync=*/true);
-  kvstore::scheduler sched(o);
-  o.scheduler_port = sched.port();
-  std::thread st([&] { sched.run(); });
-
-  kvtest::child server = spawn_server(o.scheduler_port, dir.path(), 0);
-  std::atomic<int> round{0};
-  std::atomic<bool> restarted{false};
-  std::thread killer([&] {
-    while (round < 40) std::this_thread::sleep_for(1ms);
-    kill_and_restart(server, o.scheduler_port, dir.path());  // mid-training, whatever is in flight
-    restarted = true;
-  });
-
+  restarted_job job("kvstore-restart", /*sync=*/true, /*kill_at=*/40);
   constexpr int rounds = 120;
-  kvtest::join_on_exit<int> join_killer{killer, round,
-                                        1 << 20};  // lets the killer go if the worker failed early
   {
-    auto w = o;
-    w.rank_hint = 0;
-    kvstore::KVStore<kvstore::dist> kv(w);
+    kvstore::KVStore<kvstore::dist> kv(job.o);
     std::vector<float> v(5000, 0.f), g(5000, 1.f), out(5000);
     kv.init("weights", v);
     std::vector<std::int64_t> rows{1, 3};
@@ -100,22 +121,19 @@ TEST_CASE("a server killed mid-training restarts from its snapshot; nothing is l
     for (int r = 0; r < rounds; ++r) {
       kv.push("weights", g, r % 3).wait();
       kv.push_rows("rows", rows, rg).wait();
-      round = r + 1;
+      job.round = r + 1;
     }
     kv.pull("weights", out).wait();
     kv.pull_rows("rows", rows, rout).wait();
-    CHECK(restarted.load());
+    CHECK(job.restarted.load());
     for (float x : out) REQUIRE(x == static_cast<float>(rounds));  // exactly once each
     for (float x : rout) REQUIRE(x == static_cast<float>(rounds));
     // The versions (rounds completed) came through the restart, each round counted once.
     CHECK(kv.version("weights") == rounds);
     CHECK(kv.version("rows") == rounds);
   }
-  if (killer.joinable()) killer.join();
-  CHECK(server.wait_exit(15'000ms) == 0);  // the restarted server ends with the job
-  sched.stop();
-  st.join();
-  CHECK(std::filesystem::exists(kvstore::detail::snapshot_path(dir.path(), 0)));
+  CHECK(job.finish() == 0);  // the restarted server ends with the job
+  CHECK(std::filesystem::exists(kvstore::detail::snapshot_path(job.dir.path(), 0)));
 }
 
 TEST_CASE(
@@ -210,44 +228,26 @@ TEST_CASE(
 TEST_CASE(
     "a server restarted from its snapshot resumes the learning-rate schedule at the same step" *
     doctest::timeout(120)) {
-  kvtest::temp_dir dir{"kvstore-restart-schedule"};
-  auto o = restart_options(/*sync=*/true);
-  kvstore::scheduler sched(o);
-  o.scheduler_port = sched.port();
-  std::thread st([&] { sched.run(); });
-
-  kvtest::child server = spawn_server(o.scheduler_port, dir.path(), 0);
-  std::atomic<int> round{0};
-  std::atomic<bool> restarted{false};
-  std::thread killer([&] {
-    while (round < 60) std::this_thread::sleep_for(1ms);
-    kill_and_restart(server, o.scheduler_port, dir.path());  // in the schedule's second stage
-    restarted = true;
-  });
-  kvtest::join_on_exit<int> join_killer{killer, round, 1 << 20};
+  restarted_job job("kvstore-restart-schedule", /*sync=*/true, /*kill_at=*/60);
   {
-    auto w = o;
-    w.rank_hint = 0;
-    kvstore::KVStore<kvstore::dist> kv(w);
+    kvstore::KVStore<kvstore::dist> kv(job.o);
     std::vector<float> v(1000, 0.f), g(1000, -1.f), out(1000);
     kv.init("w", v);
     // w += lr_t: MXNet's FactorScheduler(step=40, factor=0.5) on base 1 gives 40 updates at 1,
-    // 40 at 0.5, 40 at 0.25. A step count restarting from 0 would give more.
+    // 40 at 0.5, 40 at 0.25; the kill falls in the second stage. A step count restarting from 0
+    // would give more.
     kv.set_optimizer(kvstore::optim::sgd{
         .learning_rate = 1.0,
         .schedule = kvstore::optim::factor_schedule{.step = 40, .factor = 0.5}});
     for (int r = 0; r < 120; ++r) {
       kv.push("w", g).wait();
-      round = r + 1;
+      job.round = r + 1;
     }
     kv.pull("w", out).wait();
-    CHECK(restarted.load());
+    CHECK(job.restarted.load());
     for (float x : out) REQUIRE(x == 40.f + 20.f + 10.f);
   }
-  if (killer.joinable()) killer.join();
-  CHECK(server.wait_exit(15'000ms) == 0);
-  sched.stop();
-  st.join();
+  CHECK(job.finish() == 0);
 }
 
 TEST_CASE("a server the scheduler refuses before it joins exits non-zero, saying why" *
