@@ -143,6 +143,79 @@ TEST_CASE("each schedule gives MXNet's rate at every update, warm-up included") 
 
 namespace {
 
+// SINGA's generators as src/utils/updater.cc writes them (its step s: 0 for the first update;
+// its parameters are floats).
+float singa_linear(float base, float final_lr, int freq, int step) {
+  float r = step * 1.0 / freq;
+  return (1.0 - r) * base + r * final_lr;
+}
+float singa_exp(float base, int freq, int step) { return base / std::pow(2, step * 1. / freq); }
+float singa_inv(float base, float gamma, float pow, int step) {
+  return base * std::pow(1.f + gamma * step, -pow);
+}
+float singa_inv_t(float base, float final_lr, int step) {
+  return base / (1 + step * 1. / final_lr);
+}
+float singa_step_gen(float base, float gamma, int freq, int step) {
+  return base * std::pow(gamma, step / freq);
+}
+
+}  // namespace
+
+TEST_CASE("SINGA's generators: its rate at step t - 1, computed in float as SINGA does") {
+  const float base = 0.1f;
+  const optim::lr_schedule lin = optim::linear_schedule{.change_freq = 20, .final_lr = 0.001};
+  const optim::lr_schedule ex = optim::exponential_schedule{.change_freq = 7};
+  const optim::lr_schedule inv = optim::inverse_schedule{.gamma = 0.01, .pow = 0.75};
+  const optim::lr_schedule inv_t = optim::inverse_t_schedule{.final_lr = 0.05};
+  for (int t = 1; t <= 100; ++t) {
+    CAPTURE(t);
+    REQUIRE(lin.rate(0.1, t) == singa_linear(base, 0.001f, 20, t - 1));
+    REQUIRE(ex.rate(0.1, t) == singa_exp(base, 7, t - 1));
+    REQUIRE(inv.rate(0.1, t) == singa_inv(base, 0.01f, 0.75f, t - 1));
+    REQUIRE(inv_t.rate(0.1, t) == singa_inv_t(base, 0.05f, t - 1));
+    // SINGA's step generator is factor_schedule with no floor.
+    const optim::lr_schedule step =
+        optim::factor_schedule{.step = 10, .factor = 0.5, .stop_factor_lr = 0};
+    REQUIRE(static_cast<float>(step.rate(0.1, t)) ==
+            doctest::Approx(singa_step_gen(base, 0.5f, 10, t - 1)).epsilon(1e-6));
+  }
+  CHECK(lin.rate(0.1, 1) == base);  // step 0: the base rate
+  CHECK(ex.rate(0.1, 8) == doctest::Approx(0.05));
+  // A bad field is refused, naming it.
+  for (const auto& [s, says] : std::vector<std::pair<optim::lr_schedule, std::string>>{
+           {optim::linear_schedule{}, "linear_schedule: change_freq must be in [1, 2^31)"},
+           {optim::exponential_schedule{.change_freq = -3}, "exponential_schedule: change_freq"},
+           {optim::inverse_schedule{.gamma = -1}, "inverse_schedule: gamma must be >= 0"},
+           {optim::inverse_t_schedule{}, "inverse_t_schedule: final_lr must be > 0"}}) {
+    auto e = error_of([&] { s.check(); });
+    REQUIRE(e);
+    CHECK(std::string(e->what()).find(says) != std::string::npos);
+  }
+}
+
+TEST_CASE("a local store applies a SINGA schedule; the parameters round-trip") {
+  kvstore::KVStore<kvstore::local> kv;
+  std::vector<float> w(2, 1.0f), g(2, 1.0f), out(2);
+  kv.init(0, w);
+  const optim::sgd o{.learning_rate = 0.1,
+                     .schedule = optim::linear_schedule{.change_freq = 4, .final_lr = 0.02}};
+  kv.set_optimizer(o);
+  float expect = 1.0f;
+  for (int t = 1; t <= 6; ++t) {
+    kv.push(0, g);
+    expect -= singa_linear(0.1f, 0.02f, 4, t - 1) * 1.0f;
+  }
+  kv.pull(0, out).wait();
+  CHECK(out[0] == expect);
+  const auto back =
+      kvstore::detail::deserialize_params<optim::sgd>("sgd", optim::serialize_params(o));
+  for (std::uint64_t t = 1; t <= 10; ++t)
+    REQUIRE(back.schedule.rate(0.1, t) == o.schedule.rate(0.1, t));
+}
+
+namespace {
+
 // w after `updates` pushes of g = 1 to one key, in float as the store computes: lr_t rounded to
 // float, then w -= lr_t * g.
 float sgd_reference(float w, int updates, mx_factor mx) {

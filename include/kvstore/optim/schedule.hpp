@@ -1,10 +1,12 @@
 // Learning-rate schedules: the rate sgd, adam and adagrad use at a key's update t (1 for its
-// first), with MXNet 1.9's formulas (python/mxnet/lr_scheduler.py), applied wherever the
-// optimizer runs. A schedule is part of its optimizer's parameters: it travels to the servers
-// with them, and t is the key's step count, which optimizer state and snapshots keep.
+// first), with MXNet 1.9's formulas (python/mxnet/lr_scheduler.py) and SINGA's generators
+// (optim/singa_schedule.hpp), applied wherever the optimizer runs. A schedule is part of its
+// optimizer's parameters: it travels to the servers with them, and t is the key's step count, which
+// optimizer state and snapshots keep.
 #pragma once
 
 #include <kvstore/error.hpp>
+#include <kvstore/optim/singa_schedule.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -91,11 +93,14 @@ struct cosine_schedule {
   }
 };
 
-/// The `schedule` field of sgd, adam and adagrad: one of the schedules above (default: none).
+/// The `schedule` field of sgd, adam and adagrad: one of the schedules above or SINGA's
+/// (default: none). Its serialized form is the alternative's index, then its fields: new kinds
+/// go at the end.
 class lr_schedule {
  public:
   using alternatives = std::variant<no_schedule, factor_schedule, multifactor_schedule,
-                                    poly_schedule, cosine_schedule>;
+                                    poly_schedule, cosine_schedule, linear_schedule,
+                                    exponential_schedule, inverse_schedule, inverse_t_schedule>;
 
   lr_schedule() = default;
   template <class S>
@@ -120,7 +125,8 @@ class lr_schedule {
   void serialize(Ar& ar, unsigned version) {
     int kind = static_cast<int>(v_.index());
     ar& kind;
-    if constexpr (Ar::is_loading::value) emplace_kind(kind);
+    if constexpr (Ar::is_loading::value)
+      emplace_kind(kind, std::make_index_sequence<std::variant_size_v<alternatives>>{});
     std::visit([&](auto& s) { s.serialize(ar, version); }, v_);
   }
 
@@ -128,26 +134,12 @@ class lr_schedule {
   alternatives v_;
   static constexpr double max_products = 4096;
 
-  void emplace_kind(int kind) {
-    switch (kind) {
-      case 0:
-        v_.emplace<0>();
-        return;
-      case 1:
-        v_.emplace<1>();
-        return;
-      case 2:
-        v_.emplace<2>();
-        return;
-      case 3:
-        v_.emplace<3>();
-        return;
-      case 4:
-        v_.emplace<4>();
-        return;
-      default:
-        throw error(errc::invalid_argument, "unknown schedule kind " + std::to_string(kind));
-    }
+  template <std::size_t... I>
+  void emplace_kind(int kind, std::index_sequence<I...>) {
+    const bool known =
+        ((kind == static_cast<int>(I) ? (v_.template emplace<I>(), true) : false) || ...);
+    if (!known)
+      throw error(errc::invalid_argument, "unknown schedule kind " + std::to_string(kind));
   }
 
   // MXNet's linear warm-up (LRScheduler.get_warmup_lr), for t < warmup_steps.
@@ -159,6 +151,9 @@ class lr_schedule {
   }
 
   static double rate_of(const no_schedule&, double base, double) { return base; }
+  template <class S>
+  requires requires(const S& s) { s.rate(1.0, 1.0); }
+  static double rate_of(const S& s, double base, double t) { return s.rate(base, t); }
   static double rate_of(const factor_schedule& s, double base, double t) {
     double lr;
     if (warming(s, base, t, lr)) return lr;
@@ -209,6 +204,9 @@ class lr_schedule {
     if (s.warmup_steps < 0) bad(name, "warmup_steps must be >= 0");
   }
   static void check_of(const no_schedule&) {}
+  template <class S>
+  requires requires(const S& s) { s.check(); }
+  static void check_of(const S& s) { s.check(); }
   static void check_of(const factor_schedule& s) {
     if (s.step < 1) bad("factor_schedule", "step must be >= 1, got " + std::to_string(s.step));
     if (!(s.factor >= 0 && s.factor <= 1))
