@@ -106,6 +106,32 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("init keeps each node's chunk of its own parameter, as BigDL's: the nodes' may differ" *
+          doctest::timeout(120)) {
+  kvtest::cluster cl(colocated(3));
+  cl.run_workers([](KVStore<dist>& kv) {
+    const int r = kv.rank();
+    for (auto c : {bigdl::compress::none, bigdl::compress::fp16}) {
+      CAPTURE(static_cast<int>(c));
+      // Node r's parameter: 50 (r + 1) + j; integers below 256 travel exactly in BigDL's fp16.
+      bigdl::AllReduceParameter<float> p(kv, c == bigdl::compress::none ? 7 : 8, 3, 11, c);
+      std::vector<float> mine(11), local(11);
+      for (std::size_t j = 0; j < 11; ++j)
+        mine[j] = static_cast<float>(50 * (r + 1)) + static_cast<float>(j);
+      const auto info = p.init(mine);
+      // The master chunk is this node's own, at full precision.
+      for (std::size_t i = 0; i < info.length; ++i)
+        CHECK(p.weight_partition()[i] == mine[info.start + i]);
+      // Everyone's weights: element j from its owner's parameter (chunks of 4, 4, 3).
+      p.get_weights(local).wait();
+      for (std::size_t j = 0; j < 11; ++j) {
+        const int owner = j < 4 ? 0 : j < 8 ? 1 : 2;
+        CHECK(local[j] == static_cast<float>(50 * (owner + 1)) + static_cast<float>(j));
+      }
+    }
+  });
+}
+
 TEST_CASE(
     "every chunk reaches its owner and back: gradients summed per chunk, each node's weight "
     "partition lands in everyone's local copy, three iterations" *
@@ -136,9 +162,9 @@ TEST_CASE(
     }
     p.get_weights(local).wait();
     for (std::size_t j = 0; j < 11; ++j) CHECK(local[j] == static_cast<float>(j) - 18.0f);
-    // One round per iteration on each key.
+    // One round per iteration on each key, and init's round of the weights.
     CHECK(kv.version(p.gradient_key()) == 3);
-    CHECK(kv.version(p.weight_key()) == 3);
+    CHECK(kv.version(p.weight_key()) == 4);
   });
 }
 

@@ -15,14 +15,16 @@
 //   "bigdl.AllReduceParameter.<id>.gradient"  put_gradients pushes the whole gradient (compressed
 //       frames, one per server); a dist_sync round with no optimizer stores the sum over the
 //       workers, decoded and summed in T on the server; the owner pulls its chunk of it
-//       (pull_range: plain, so the sum arrives at full precision, as BigDL's decompressed sum).
-//   "bigdl.AllReduceParameter.<id>.weight"    init stores rank 0's parameter at full precision;
-//       the owner's master chunk (weight_partition()) is read back from it with a plain
-//       pull_range and then lives on the node at full precision (BigDL learned that truncated
-//       masters break ImageNet convergence). send_weight_partition pushes the whole key with
-//       the node's chunk in place and zeros elsewhere: the round's sum is every node's chunk,
-//       compressed once on the wire (a dist_sync round needs a push from every worker to every
-//       slice, so a range push of one's own chunk alone would never complete it). get_weights
+//       (pull_range: plain, at full precision). Deviation: BigDL sums the 16-bit forms in
+//       partition-id order, truncating after each add (FP16CompressedTensor), so small parts can
+//       vanish there (1 + 2^-8 + 2^-8 is 1.0 in BigDL, 1.0078125 here).
+//   "bigdl.AllReduceParameter.<id>.weight"    init keeps, as BigDL's, each node's chunk of its own
+//       parameter (the nodes' parameters may differ): the master chunk (weight_partition())
+//       lives on the node at full precision (BigDL learned that truncated masters break ImageNet
+//       convergence), and init publishes it as a send does. send_weight_partition pushes the whole
+//       key with the node's chunk in place and zeros elsewhere: the round's sum is every node's
+//       chunk, compressed once on the wire (a dist_sync round needs a push from every worker to
+//       every slice, so a range push of one's own chunk alone would never complete it). get_weights
 //       pulls the whole key compressed: the local copies hold the compressed value.
 // The store must have no optimizer set (BigDL runs its optimizer on the node, not on the
 // servers), must run dist_sync, and must have as many servers as workers (colocated:
@@ -143,20 +145,21 @@ class AllReduceParameter {
     settle(weight_push_);
   }
 
-  /// BigDL's init(parameter), on every node before the first iteration: stores rank 0's
-  /// `parameter` as the weights (full precision) and zero gradients, both cut into BigDL's
-  /// chunks over the servers, reads this node's chunk of the weights into weight_partition()
-  /// (full precision) and returns (partition id == store.rank(), start, length). Blocks until
-  /// every worker's init of the keys is done (the store's init rule). Throws kvstore::error:
-  /// already_inited (init twice), size_mismatch (parameter.size() != size), what the store's
-  /// init throws.
+  /// BigDL's init(parameter), on every node before the first iteration: weight_partition()
+  /// becomes this node's chunk of its own `parameter` (full precision), published as the
+  /// weights' chunk (compressed, as a send), gradients zero, both keys cut into BigDL's chunks
+  /// over the servers; returns (partition id == store.rank(), start, length). The nodes'
+  /// parameters may differ: the weights are each owner's chunk of its own (BigDL's
+  /// AllReduceParameter.init copies parameter.narrow(start, length)). Blocks until every
+  /// worker's init is done (a round of the weights). Throws kvstore::error: already_inited
+  /// (init twice), size_mismatch (parameter.size() != size), what the store's calls throw.
   partition_info init(std::span<const T> parameter) {
     if (inited_) fail(errc::already_inited, "init", "init twice");
     check_size("init", "parameter", parameter.size());
     const init_options o{.partition = kvstore::partition::even,
                          .compression = to_compression(compress_)};
-    store_.init(weight_key_, parameter, o);
-    publish_.assign(size_, T{});  // zeros: the gradient key's first value, then sends' scratch
+    publish_.assign(size_, T{});  // zeros: both keys' first value, then sends' scratch
+    store_.init(weight_key_, std::span<const T>(publish_), o);
     store_.init(gradient_key_, std::span<const T>(publish_), o);
     part_ = chunk_of(store_.rank(), partition_num_, size_);
     // The store's chunks are BigDL's; checked, since a mismatch would mix up partitions silently.
@@ -166,11 +169,13 @@ class AllReduceParameter {
            "the store placed chunk " + std::to_string(part_.partition_id) + " at (" +
                std::to_string(start) + ", " + std::to_string(length) + "), BigDL's rule says (" +
                std::to_string(part_.start) + ", " + std::to_string(part_.length) + ")");
-    weight_partition_.assign(part_.length, T{});
+    const auto mine = parameter.subspan(part_.start, part_.length);
+    weight_partition_.assign(mine.begin(), mine.end());
     gradient_partition_.assign(part_.length, T{});
     gradients_.assign(size_, T{});
-    if (part_.length) store_.pull_range(weight_key_, part_.start, weight_partition_).wait();
     inited_ = true;
+    send_weight_partition();  // every node's chunk in place: the weights' first round
+    weight_push_.wait();
     return part_;
   }
 
