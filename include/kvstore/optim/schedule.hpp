@@ -196,43 +196,45 @@ class lr_schedule {
     return s.final_lr + (base - s.final_lr) * (1 + std::cos(std::numbers::pi * done)) / 2;
   }
 
-  [[noreturn]] static void bad(const char* schedule, const std::string& why) {
-    throw error(errc::invalid_argument, std::string(schedule) + ": " + why);
-  }
   template <class S>
   static void check_warmup(const char* name, const S& s) {
-    if (s.warmup_steps < 0) bad(name, "warmup_steps must be >= 0");
+    if (s.warmup_steps < 0) detail::bad_schedule(name, "warmup_steps must be >= 0");
   }
   static void check_of(const no_schedule&) {}
   template <class S>
   requires requires(const S& s) { s.check(); }
   static void check_of(const S& s) { s.check(); }
   static void check_of(const factor_schedule& s) {
-    if (s.step < 1) bad("factor_schedule", "step must be >= 1, got " + std::to_string(s.step));
+    if (s.step < 1)
+      detail::bad_schedule("factor_schedule", "step must be >= 1, got " + std::to_string(s.step));
     if (!(s.factor >= 0 && s.factor <= 1))
-      bad("factor_schedule",
+      detail::bad_schedule(
+          "factor_schedule",
           "factor must be in [0, 1] (the rate only falls), got " + std::to_string(s.factor));
     check_warmup("factor_schedule", s);
   }
   static void check_of(const multifactor_schedule& s) {
-    if (s.steps.empty()) bad("multifactor_schedule", "steps is empty");
+    if (s.steps.empty()) detail::bad_schedule("multifactor_schedule", "steps is empty");
     for (std::size_t i = 0; i < s.steps.size(); ++i) {
-      if (s.steps[i] < 1) bad("multifactor_schedule", "steps must be >= 1");
+      if (s.steps[i] < 1) detail::bad_schedule("multifactor_schedule", "steps must be >= 1");
       if (i > 0 && s.steps[i] <= s.steps[i - 1])
-        bad("multifactor_schedule", "steps must be increasing, got " +
-                                        std::to_string(s.steps[i - 1]) + " then " +
-                                        std::to_string(s.steps[i]));
+        detail::bad_schedule("multifactor_schedule", "steps must be increasing, got " +
+                                                         std::to_string(s.steps[i - 1]) + " then " +
+                                                         std::to_string(s.steps[i]));
     }
     if (!(s.factor >= 0 && s.factor <= 1))
-      bad("multifactor_schedule", "factor must be in [0, 1], got " + std::to_string(s.factor));
+      detail::bad_schedule("multifactor_schedule",
+                           "factor must be in [0, 1], got " + std::to_string(s.factor));
     check_warmup("multifactor_schedule", s);
   }
   template <class S>
   static void check_span(const char* name, const S& s) {
-    if (s.max_update < 1) bad(name, "max_update must be >= 1, got " + std::to_string(s.max_update));
+    if (s.max_update < 1)
+      detail::bad_schedule(name, "max_update must be >= 1, got " + std::to_string(s.max_update));
     check_warmup(name, s);
     if (s.max_update <= s.warmup_steps)
-      bad(name, "max_update must be > warmup_steps (" + std::to_string(s.warmup_steps) + ")");
+      detail::bad_schedule(
+          name, "max_update must be > warmup_steps (" + std::to_string(s.warmup_steps) + ")");
   }
   static void check_of(const poly_schedule& s) { check_span("poly_schedule", s); }
   static void check_of(const cosine_schedule& s) { check_span("cosine_schedule", s); }
