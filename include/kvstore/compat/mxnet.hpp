@@ -15,11 +15,11 @@
 #pragma once
 
 #include <kvstore/compat/mxnet/erased_store.hpp>
+#include <kvstore/compat/mxnet/store_name.hpp>
 #include <kvstore/error.hpp>
 #include <kvstore/kvstore.hpp>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -65,61 +65,39 @@ struct key_shape {
 class KVStore {
  public:
   /// MXNet's kvstore types, in the order error messages list them.
-  static constexpr std::string_view type_names[] = {"local",
-                                                    "local_allreduce_cpu",
-                                                    "local_allreduce_device",
-                                                    "device",
-                                                    "nccl",
-                                                    "dist",
-                                                    "dist_sync",
-                                                    "dist_async",
-                                                    "dist_device_sync",
-                                                    "dist_sync_device"};
+  static constexpr const auto& type_names = detail::type_names;
 
-  /// Makes a store by MXNet's name, read as MXNet's KVStore::Create does (src/kvstore/
-  /// kvstore.cc): in any letter case, a name containing "dist" is a dist worker, dist_async when
-  /// it contains "_async" ("dist", "dist_sync", "dist_device_sync", "dist_sync_device",
-  /// "dist_async"), otherwise dist_sync; else a name containing "device" or "nccl" is
-  /// KVStore<device> over every visible GPU (the OMP build: one virtual device; "device",
-  /// "local_allreduce_device"); else a name containing "local" is KVStore<local>
-  /// ("local", "local_allreduce_cpu"). The dist store's other options come from the environment
-  /// (dist_options::from_env()); its servers keep their own mode (KVSTORE_TYPE where they start,
-  /// or this program's name in an SPMD launch): a KVSTORE_TYPE that contradicts the name is an
-  /// error rather than a silent mix. In a process whose role is server or scheduler, a dist name
-  /// runs that role and exits, as MXNet does. Throws kvstore::error: invalid_argument (a name
-  /// with none of those words, which MXNet would quietly make a local store of: a typo; a
+  /// Makes a store by MXNet's name, read as MXNet's KVStore::Create does
+  /// (compat/mxnet/store_name.hpp): "dist", "dist_sync", "dist_device_sync" (a dist_sync
+  /// worker), "dist_async"; "device", "local_allreduce_device" (KVStore<device> over every
+  /// visible GPU; the OMP build: one virtual device); "local", "local_allreduce_cpu". The dist
+  /// store's other options come from the environment (dist_options::from_env()); its servers
+  /// keep their own mode (KVSTORE_TYPE where they start, or this program's name in an SPMD
+  /// launch): a KVSTORE_TYPE that contradicts the name is an error rather than a silent mix. In a
+  /// process whose role is server or scheduler, a dist name runs that role and exits, as MXNet
+  /// does. Throws kvstore::error: invalid_argument (a name with none of local, device, dist; a
   /// contradicting KVSTORE_TYPE; a malformed environment), unsupported (a device name in a
   /// program built without <kvstore/device.hpp>), and what the store's constructor throws.
   static KVStore create(std::string_view name = "local") {
-    std::string lower(name);
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    const auto has = [&](std::string_view w) { return lower.find(w) != std::string::npos; };
-    if (has("dist")) {
-      const bool sync = !has("_async");
+    const auto n = detail::read_store_name(name);
+    using store = detail::store_name::store;
+    if (n.kind == store::dist) {
       auto o = dist_options::from_env();
-      check_env_type(lower, sync);
-      o.sync = sync;
-      return KVStore(lower,
+      check_env_type(n.type, n.sync);
+      o.sync = n.sync;
+      return KVStore(n.type,
                      std::make_unique<detail::store_model<kvstore::KVStore<dist, float>>>(o));
     }
-    if (has("device") || has("nccl")) {
+    if (n.kind == store::device) {
       if (!detail::device_factory())
         throw error(errc::unsupported,
                     "kvstore: mxnet::KVStore::create(\"" + std::string(name) +
                         "\"): this program was built without the device store; #include "
                         "<kvstore/device.hpp> (Thrust, with CUDA or the OMP backend) before "
                         "<kvstore/compat/mxnet.hpp>");
-      return KVStore(lower, detail::device_factory()());
+      return KVStore(n.type, detail::device_factory()());
     }
-    if (has("local"))
-      return KVStore(lower,
-                     std::make_unique<detail::store_model<kvstore::KVStore<local, float>>>());
-    std::string valid;
-    for (auto t : type_names) valid += (valid.empty() ? "" : ", ") + std::string(t);
-    throw error(errc::invalid_argument, "kvstore: mxnet::KVStore::create(\"" + std::string(name) +
-                                            "\"): unknown type (a name says local, device or "
-                                            "dist); the types are " +
-                                            valid);
+    return KVStore(n.type, std::make_unique<detail::store_model<kvstore::KVStore<local, float>>>());
   }
 
   KVStore(KVStore&&) noexcept = default;
